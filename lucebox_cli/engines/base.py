@@ -1,0 +1,132 @@
+"""The Engine protocol every backend implements, and the Tree that verify() consumes.
+
+An engine owns the committed state of one sequence: KV cache rows, DeltaNet recurrent + conv state,
+and (when asked for taps) the captured target features used by the DFlash draft. The spec loop, CLI
+and bench talk to engines only through this protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Slots of a speculative tree. Slot 0 is the root: the pending (bonus) token, not yet committed.
+
+    parents[i] < i for i > 0 (parents precede children), parents[0] == -1. A slot's position is
+    committed_length + depth[i]; siblings share a position.
+    """
+
+    tokens: np.ndarray  # [N] int64
+    parents: np.ndarray  # [N] int64
+
+    def __post_init__(self) -> None:
+        tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
+        if tokens.shape != parents.shape or tokens.size == 0:
+            raise ValueError("tree needs as many parents as tokens, and at least the root")
+        if parents[0] != -1 or np.any(parents[1:] < 0) or np.any(parents[1:] >= np.arange(1, parents.size)):
+            raise ValueError("tree parents must satisfy parents[0] == -1 and 0 <= parents[i] < i")
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "parents", parents)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> "Tree":
+        n = len(tokens)
+        return cls(np.asarray(tokens, dtype=np.int64), np.arange(-1, n - 1, dtype=np.int64))
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.size)
+
+    @property
+    def depth(self) -> np.ndarray:
+        """[N] depth of each slot; the root has depth 0."""
+        d = np.zeros(self.size, dtype=np.int64)
+        for i in range(1, self.size):
+            d[i] = d[self.parents[i]] + 1
+        return d
+
+    def ancestor_mask(self) -> np.ndarray:
+        """[N, N] bool: mask[i, j] is True iff slot j is slot i or one of its ancestors."""
+        n = self.size
+        mask = np.zeros((n, n), dtype=bool)
+        for i in range(n):
+            if i > 0:
+                mask[i] = mask[self.parents[i]]
+            mask[i, i] = True
+        return mask
+
+    def path_to(self, slot: int) -> list[int]:
+        """Slots from the root down to `slot`, inclusive."""
+        path = []
+        while slot >= 0:
+            path.append(int(slot))
+            slot = int(self.parents[slot])
+        return path[::-1]
+
+
+@dataclass
+class VerifyResult:
+    """Target output for every slot of a tree. `logits` may be None for engines that only return argmax."""
+
+    argmax: np.ndarray  # [N] int64
+    logits: np.ndarray | None = None  # [N, V] float32
+
+
+@dataclass
+class EngineStats:
+    """Counters an engine keeps for the stats line and bench rows."""
+
+    committed: int = 0
+    prefill_tokens: int = 0
+    decode_steps: int = 0
+    verify_calls: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What every backend does. All token ids are Python ints or int64 arrays."""
+
+    name: str
+
+    @property
+    def n_past(self) -> int:
+        """Number of committed tokens (the next token's position)."""
+        ...
+
+    def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Append the tokens to the committed state; return float32 logits [V] of the last one."""
+        ...
+
+    def step(self, token_id: int) -> np.ndarray:
+        """Append one token (a decode step); return float32 logits [V] for the next position."""
+        ...
+
+    def verify(self, tree: Tree) -> VerifyResult:
+        """Run the target over all slots of `tree` on top of the committed state, without committing.
+
+        Slot i attends to the committed context plus its ancestors and itself, at position
+        n_past + depth[i]; DeltaNet layers follow parent links. Per-slot state is kept until commit().
+        """
+        ...
+
+    def commit(self, accepted_slots: Sequence[int]) -> None:
+        """Commit a root-to-node path of the last verified tree (slot 0 first).
+
+        Afterwards the engine state equals feeding tree.tokens[accepted_slots] one at a time.
+        """
+        ...
+
+    def reset(self) -> None:
+        """Forget every committed token (weights stay loaded)."""
+        ...
+
+    def close(self) -> None:
+        """Release device memory and handles."""
+        ...
