@@ -21,6 +21,9 @@ RUN_MODEL ?= qwen3.5-0.8b
 RUN_ARGS ?=
 RUN_CMD ?= .venv/bin/lucebox run $(RUN_MODEL) $(RUN_ARGS)
 
+# Two builds of one profile at once (tests, another shell) wait for each other instead of racing on objects.
+LOCK := $(if $(shell command -v flock 2>/dev/null),flock,)
+
 .PHONY: setup build build-all test run clean _lib FORCE
 
 setup:
@@ -34,7 +37,8 @@ build:
 	@prof=$$($(PY) -m lucebox_cli.config resolve '$(PROFILE)') || exit 2; \
 	arch=$$($(PY) -m lucebox_cli.config arch "$$prof") || exit 2; \
 	echo "lucebox: building $(BUILD_DIR)/$$prof/liblucebox.so for $$arch"; \
-	$(MAKE) --no-print-directory _lib PROFILE="$$prof" ARCH="$$arch" BUILD_DIR='$(BUILD_DIR)'
+	mkdir -p '$(BUILD_DIR)/'"$$prof"; \
+	$(LOCK) '$(BUILD_DIR)/'"$$prof"/.lock $(MAKE) --no-print-directory _lib PROFILE="$$prof" ARCH="$$arch" BUILD_DIR='$(BUILD_DIR)'
 
 build-all:
 	@names=$$($(PY) -m lucebox_cli.config names) || exit 2; \

@@ -52,6 +52,7 @@ STATUS_NAMES = {
 class DeviceProps(ctypes.Structure):
     """lb_device_props_t."""
 
+    c_name = "lb_device_props_t"  # tests compare sizeof/offsetof against the C compiler's
     _fields_ = [
         ("name", c_char * 256),
         ("cc_major", c_int32),
@@ -70,6 +71,8 @@ class DeviceProps(ctypes.Structure):
 
 # ---- THE declaration table: one row per LB_API function in lucebox.h, in the header's order --------
 # Later sections (ops, megakernel, dflash) append their rows under a comment naming the section.
+# Pointer parameters: POINTER(<ctypes type>) for host outputs, c_void_p for device pointers, streams and
+# opaque handles; a POD struct gets a ctypes.Structure here with `c_name = "<its C typedef>"`.
 DECLS: dict[str, tuple[Any, list[Any]]] = {
     # core
     "lb_abi_version": (c_int, []),
