@@ -29,6 +29,9 @@ Set LUCEBOX_DEBUG=1 to see tracebacks.
 
 # Each module registers its command(s) with `register(app)`. A command is listed here only once it works.
 COMMAND_MODULES: list[str] = [
+    "profiles",
+    "doctor",
+    "build",
     "pull",
 ]
 
