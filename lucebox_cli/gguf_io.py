@@ -16,9 +16,9 @@ memory at a time.
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import shutil
+import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,50 +83,100 @@ class TensorInfo:
     nbytes: int
 
 
-@functools.lru_cache(maxsize=1)
-def _checked_reader_class():
-    gguf = _gguf()
-
-    class _CheckedReader(gguf.GGUFReader):
-        # The stock reader turns a tensor past EOF into a numpy reshape error; check each
-        # tensor's extent against the file size first so the error can name it.
-        def _build_tensors(self, start_offs, fields):
-            size = len(self.data)
-            for field in fields:
-                _, name_data, _, dims, raw_dtype, offset_tensor = field.parts
-                name = bytes(name_data).decode("utf-8", "replace")
-                try:
-                    qtype = gguf.GGMLQuantizationType(int(raw_dtype[0]))
-                except ValueError:
-                    raise UnsupportedModel(
-                        f"tensor {name!r} has unknown ggml type id {int(raw_dtype[0])}"
-                    ) from None
-                block, tsize = gguf.GGML_QUANT_SIZES[qtype]
-                n_elems = int(np.prod(dims.astype(np.int64))) if len(dims) else 1
-                begin = int(start_offs) + int(offset_tensor[0])
-                end = begin + n_elems * tsize // block
-                if end > size:
-                    raise BadModelFile(
-                        f"tensor {name!r} spans bytes {begin}..{end} but the file has only "
-                        f"{size} bytes (truncated download?)",
-                        hint="delete the file and download or convert it again",
-                    )
-            return super()._build_tensors(start_offs, fields)
-
-    return _CheckedReader
+# GGUF value types (gguf.GGUFValueType): id -> struct format for the fixed-size ones.
+_SCALAR_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NP_OF = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
 
 
-def _field_value(field) -> Any:
-    gguf = _gguf()
-    types = field.types
-    if not types:
-        return None
-    if types[0] == gguf.GGUFValueType.ARRAY and len(types) > 1 and types[-1] != gguf.GGUFValueType.STRING:
-        # Numeric arrays: one concatenate instead of a Python loop per element.
-        if not field.data:
-            return []
-        return np.concatenate([field.parts[i] for i in field.data]).tolist()
-    return field.contents()
+class _HeaderParser:
+    """A bounds-checked GGUF v2/v3 header parser over a memory map.
+
+    Our own rather than gguf.GGUFReader: that one builds numpy views for every element of every
+    array, which takes ~40 s on a 248k-token vocabulary, and reports truncation as numpy errors.
+    """
+
+    def __init__(self, buf: memoryview, path: Path):
+        self.buf, self.path, self.pos, self.size = buf, path, 0, len(buf)
+        self.what = "the header"
+
+    def fail(self, why: str) -> BadModelFile:
+        return BadModelFile(
+            f"{self.path}: corrupt or truncated GGUF header: {why} at byte offset {self.pos} "
+            f"while reading {self.what} (file size {self.size} bytes)",
+            hint="delete the file and download or convert it again",
+        )
+
+    def need(self, n: int) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise self.fail(f"{n} bytes needed, the file ends")
+
+    def scalar(self, vtype: int):
+        fmt = _SCALAR_FMT[vtype]
+        n = struct.calcsize(fmt)
+        self.need(n)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return value
+
+    def string(self) -> str:
+        n = self.scalar(10)
+        self.need(n)
+        raw = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail("invalid UTF-8 string") from None
+
+    def value(self, vtype: int) -> Any:
+        if vtype in _SCALAR_FMT:
+            return self.scalar(vtype)
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            return self.array()
+        raise self.fail(f"unknown value type {vtype}")
+
+    def array(self) -> list:
+        etype, count = self.scalar(4), self.scalar(10)
+        if etype in _NP_OF:
+            dtype = np.dtype(_NP_OF[etype])
+            self.need(count * dtype.itemsize)
+            out = np.frombuffer(self.buf, dtype, count, self.pos).tolist()
+            self.pos += count * dtype.itemsize
+            return out
+        # Each element takes at least 8 bytes: reject absurd counts before looping over them.
+        self.need(min(count, self.size) * 8)
+        return [self.value(etype) for _ in range(count)]
+
+    def parse(self) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], int, int]], int]:
+        """(metadata, [(name, ne, type id, relative offset)], data start offset)."""
+        self.pos = 4
+        version = self.scalar(4)
+        if version not in (2, 3):
+            raise BadModelFile(f"{self.path}: GGUF version {version} is not supported (2 or 3)")
+        n_tensors, n_kv = self.scalar(10), self.scalar(10)
+        meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            self.what = "a metadata key"
+            key = self.string()
+            self.what = f"metadata {key!r}"
+            meta[key] = self.value(self.scalar(4))
+        infos = []
+        for _ in range(n_tensors):
+            self.what = "a tensor name"
+            name = self.string()
+            self.what = f"tensor info {name!r}"
+            n_dims = self.scalar(4)
+            if n_dims > 8:
+                raise self.fail(f"{n_dims} dimensions")
+            ne = tuple(self.scalar(10) for _ in range(n_dims))
+            infos.append((name, ne, self.scalar(4), self.scalar(10)))
+        align = meta.get("general.alignment", ALIGNMENT)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            raise BadModelFile(f"{self.path}: invalid general.alignment {align!r}")
+        return meta, infos, -(-self.pos // align) * align
 
 
 class GGUFModel:
@@ -134,45 +184,44 @@ class GGUFModel:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        self._reader = self._open(self.path)
-        self.metadata: dict[str, Any] = {}
-        try:
-            for key, field in self._reader.fields.items():
-                if not key.startswith("GGUF."):
-                    self.metadata[key] = _field_value(field)
-        except (ValueError, IndexError, UnicodeDecodeError) as exc:
-            raise BadModelFile(f"{self.path}: unreadable metadata value ({exc})") from None
-        self._infos: dict[str, TensorInfo] = {}
-        self._tensors: dict[str, Any] = {}
-        for t in self._reader.tensors:
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            self._infos[t.name] = TensorInfo(
-                t.name, t.tensor_type.name, shape, int(t.data_offset), int(t.n_bytes)
-            )
-            self._tensors[t.name] = t
-
-    @staticmethod
-    def _open(path: Path):
-        if not path.is_file():
-            raise BadModelFile(f"{path}: no such file", hint="check the path")
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        if not self.path.is_file():
+            raise BadModelFile(f"{self.path}: no such file", hint="check the path")
+        with open(self.path, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
             raise BadModelFile(
-                f"{path}: not a GGUF file (magic {magic!r} at offset 0, expected b'GGUF')",
+                f"{self.path}: not a GGUF file (magic {magic!r} at offset 0, expected b'GGUF')",
                 hint="pass a .gguf file, or an HF checkpoint folder",
             )
+        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+        meta, infos, data_start = _HeaderParser(memoryview(self._mm), self.path).parse()
+        self.metadata: dict[str, Any] = meta
+        self.data_offset = data_start
+        self._infos: dict[str, TensorInfo] = {}
+        for name, ne, type_id, rel in infos:
+            if name in self._infos:
+                raise BadModelFile(f"{self.path}: tensor {name!r} appears twice")
+            self._infos[name] = self._tensor_info(name, ne, type_id, data_start + rel)
+
+    def _tensor_info(self, name: str, ne: tuple[int, ...], type_id: int, offset: int) -> TensorInfo:
+        gguf = _gguf()
         try:
-            return _checked_reader_class()(path, "r")
-        except LuceboxError:
-            raise
-        except Exception as exc:  # the reader fails in many numpy/struct ways on garbage
+            ggml_type = gguf.GGMLQuantizationType(type_id).name
+        except ValueError:
+            raise UnsupportedModel(f"{self.path}: tensor {name!r} has unknown ggml type id {type_id}") from None
+        shape = tuple(int(d) for d in reversed(ne))
+        try:
+            nbytes = tensor_nbytes(ggml_type, shape)
+        except ValueError as exc:
+            raise BadModelFile(f"{self.path}: tensor {name!r}: {exc}") from None
+        size = len(self._mm)
+        if offset + nbytes > size:
             raise BadModelFile(
-                f"{path}: corrupt or truncated GGUF header ({type(exc).__name__}: {exc}; "
-                f"file size {size} bytes)",
+                f"{self.path}: tensor {name!r} spans bytes {offset}..{offset + nbytes} but the file "
+                f"has only {size} bytes (truncated download?)",
                 hint="delete the file and download or convert it again",
-            ) from None
+            )
+        return TensorInfo(name, ggml_type, shape, offset, nbytes)
 
     # -- metadata ---------------------------------------------------------------------------
     @property
@@ -221,8 +270,7 @@ class GGUFModel:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a flat read-only uint8 view of the memory map (no copy)."""
         info = self.tensor_info(name)
-        t = self._tensors[name]
-        return np.asarray(t.data).reshape(-1).view(np.uint8)[: info.nbytes]
+        return np.asarray(self._mm[info.offset : info.offset + info.nbytes])
 
     def dequant(self, name: str) -> np.ndarray:
         """The tensor as float32 in numpy shape. F32 tensors come back as a read-only view."""
@@ -244,9 +292,8 @@ class GGUFModel:
         return np.asarray(out, dtype=np.float32).reshape(info.shape)
 
     def close(self) -> None:
-        # Dropping the reader drops the memory map once no returned view is alive.
-        self._tensors.clear()
-        self._reader = None
+        # Dropping our reference unmaps the file once no returned view is alive.
+        self._mm = None
 
     def __enter__(self) -> GGUFModel:
         return self
@@ -352,54 +399,82 @@ def _encode_chunks(t: FloatTensor | QuantTensor) -> Iterator[np.ndarray]:
             yield _gguf().quants.quantize(chunk, _gguf().GGMLQuantizationType.BF16)
 
 
-_SCALAR_TYPES = {
-    "uint8": "UINT8", "int8": "INT8", "uint16": "UINT16", "int16": "INT16",
-    "uint32": "UINT32", "int32": "INT32", "uint64": "UINT64", "int64": "INT64",
-    "float32": "FLOAT32", "float64": "FLOAT64", "bool": "BOOL", "string": "STRING",
-}
+# GGUF value type ids by name (gguf.GGUFValueType), for `Typed` and our serializer.
+_VTYPE = {"uint8": 0, "int8": 1, "uint16": 2, "int16": 3, "uint32": 4, "int32": 5, "float32": 6,
+          "bool": 7, "string": 8, "uint64": 10, "int64": 11, "float64": 12}
 
 
-def _infer_vtype(value: Any) -> str:
+def _infer_vtype(value: Any) -> int:
     # llama.cpp checks value types strictly; these are the types its converter writes:
     # counts and ids UINT32, floats FLOAT32, arrays of ints INT32 (token_type, sections).
-    if isinstance(value, bool):
-        return "BOOL"
+    if isinstance(value, (bool, np.bool_)):
+        return _VTYPE["bool"]
     if isinstance(value, (int, np.integer)):
         v = int(value)
         if 0 <= v < 2**32:
-            return "UINT32"
-        return "INT32" if -(2**31) <= v < 0 else ("INT64" if v < 0 else "UINT64")
+            return _VTYPE["uint32"]
+        if -(2**31) <= v < 0:
+            return _VTYPE["int32"]
+        return _VTYPE["int64"] if v < 0 else _VTYPE["uint64"]
     if isinstance(value, (float, np.floating)):
-        return "FLOAT32"
+        return _VTYPE["float32"]
     if isinstance(value, str):
-        return "STRING"
+        return _STRING
     raise TypeError(f"unsupported metadata value {value!r}")
 
 
-def _add_kv(writer, key: str, value: Any) -> None:
-    gguf = _gguf()
-    vt = gguf.GGUFValueType
+def _pack_string(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _pack_array(key: str, items: list) -> bytes:
+    if not items:
+        raise ValueError(f"metadata {key!r}: GGUF cannot store an empty array")
+    first = items[0]
+    if isinstance(first, str):
+        body = b"".join(_pack_string(x) for x in items)
+        return struct.pack("<IQ", _STRING, len(items)) + body
+    if isinstance(first, (bool, np.bool_)):
+        etype = _VTYPE["bool"]
+    elif isinstance(first, (int, np.integer)):
+        etype = _VTYPE["int32"]
+    elif isinstance(first, (float, np.floating)):
+        etype = _VTYPE["float32"]
+    else:
+        raise TypeError(f"metadata {key!r}: unsupported array of {type(first).__name__}")
+    body = np.asarray(items, dtype=_NP_OF[etype]).tobytes()
+    return struct.pack("<IQ", etype, len(items)) + body
+
+
+def _pack_kv(key: str, value: Any) -> bytes:
+    head = _pack_string(key)
     if isinstance(value, Typed):
-        writer.add_key_value(key, value.value, vt[_SCALAR_TYPES[value.gguf_type]])
-        return
-    if isinstance(value, (list, tuple, np.ndarray)):
-        items = list(value.tolist() if isinstance(value, np.ndarray) else value)
-        if not items:
-            raise ValueError(f"metadata {key!r}: GGUF cannot store an empty array")
-        first = items[0]
-        if isinstance(first, bool):
-            sub = vt.BOOL
-        elif isinstance(first, (int, np.integer)):
-            sub = vt.INT32
-        elif isinstance(first, (float, np.floating)):
-            sub = vt.FLOAT32
-        elif isinstance(first, str):
-            sub = vt.STRING
-        else:
-            raise TypeError(f"metadata {key!r}: unsupported array of {type(first).__name__}")
-        writer.add_key_value(key, items, vt.ARRAY, sub_type=sub)
-        return
-    writer.add_key_value(key, value, vt[_infer_vtype(value)])
+        vtype = _VTYPE[value.gguf_type]
+        value = value.value
+    elif isinstance(value, (list, tuple, np.ndarray)):
+        items = value.tolist() if isinstance(value, np.ndarray) else list(value)
+        return head + struct.pack("<I", _ARRAY) + _pack_array(key, items)
+    else:
+        vtype = _infer_vtype(value)
+    if vtype == _STRING:
+        return head + struct.pack("<I", vtype) + _pack_string(value)
+    return head + struct.pack("<I", vtype) + struct.pack(_SCALAR_FMT[vtype], value)
+
+
+def _header_bytes(arch: str, kv: dict[str, Any], plan: list[TensorPlan]) -> bytes:
+    """Magic, version 3, counts, key/values (architecture first) and tensor infos."""
+    gguf = _gguf()
+    items = {"general.architecture": arch, **kv}
+    parts = [b"GGUF", struct.pack("<IQQ", 3, len(plan), len(items))]
+    parts += [_pack_kv(k, v) for k, v in items.items()]
+    offset = 0
+    for p in plan:
+        ne = tuple(reversed(p.shape)) or (1,)
+        type_id = int(gguf.GGMLQuantizationType[p.ggml_type])
+        parts.append(_pack_string(p.name) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne, type_id, offset))
+        offset += -(-p.nbytes // ALIGNMENT) * ALIGNMENT
+    return b"".join(parts)
 
 
 def _tmp_path(path: Path) -> Path:
@@ -458,6 +533,10 @@ def write_gguf(
     if tokenizer is not None:
         kv.update(tokenizer.to_gguf_metadata() if hasattr(tokenizer, "to_gguf_metadata") else tokenizer)
     kv.pop("general.architecture", None)
+    # Data is always aligned to 32 bytes; a copied alignment key would misdescribe the file.
+    kv.pop("general.alignment", None)
+    if len({p.name for p in plan}) != len(plan):
+        raise ValueError("duplicate tensor names in the plan")
     total = sum(p.nbytes for p in plan)
     if shutil.disk_usage(path.parent).free < total:
         raise _disk_full(path, total)
@@ -477,23 +556,12 @@ def write_gguf(
 
 
 def _write_file(tmp: Path, arch: str, kv: dict, plan: list[TensorPlan], data, progress) -> None:
-    gguf = _gguf()
-    writer = gguf.GGUFWriter(tmp, arch)
-    try:
-        for key, value in kv.items():
-            _add_kv(writer, key, value)
-        for p in plan:
-            # Element shape + raw_dtype: the writer stores ne = reversed(shape) as given.
-            writer.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.nbytes, raw_dtype=_qtype(p.ggml_type))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        fout = writer.fout[0]
+    header = _header_bytes(arch, kv, plan)
+    with open(tmp, "wb") as fout:
+        fout.write(header)
         _write_tensor_data(fout, plan, data, progress)
         fout.flush()
         os.fsync(fout.fileno())
-    finally:
-        writer.close()
 
 
 def _pad(fout, align: int = ALIGNMENT) -> None:
