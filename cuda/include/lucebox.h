@@ -91,6 +91,94 @@ LB_API int lb_cuda_versions(int* driver_version, int* runtime_version);
  * Megakernel (cuda/megakernel/*.cu): persistent 0.8B decode kernel behind an opaque handle.
  * ================================================================================================ */
 
+/* Specialised for the Qwen3.5-0.8B widths (hidden 1024, DeltaNet 16x128, attention 8/2x256, FFN 3584);
+ * only the layer count (layer i is attention iff (i+1) % 4 == 0) and the vocab vary. BF16 weights,
+ * fp32 activations and recurrent state, bf16 KV cache. One cooperative launch runs n_steps tokens with
+ * a device-side greedy token loop. Prefill is the same kernel fed the prompt one token per step
+ * (correct, not fast: no tensor-core prefill yet). */
+typedef struct lb_mk_config {
+    int32_t n_layers;
+    int32_t vocab;
+    int32_t max_context;    /* KV cache rows; pos + n_steps must stay within it */
+    int32_t n_blocks;       /* 0: sm_count * blocks_per_sm; refused if more than can be co-resident */
+    int32_t blocks_per_sm;  /* 0: 1 (the profile's build.megakernel.blocks_per_sm) */
+    int32_t threads;        /* 0 or 512 (the profile's build.megakernel.threads; only 512 is built) */
+    int32_t device;
+    float rms_eps;
+    float rope_theta;
+} lb_mk_config_t;
+
+typedef struct lb_mk_info {
+    int32_t n_blocks;
+    int32_t threads;
+    int32_t nslots;            /* 16 KB weight chunks in flight per block */
+    int32_t max_blocks_per_sm; /* occupancy query at this shared-memory size */
+    int32_t sm_count;
+    int32_t max_splits;        /* attention context splits per head */
+    uint64_t smem_bytes;       /* dynamic shared memory per block */
+    uint64_t weight_bytes;     /* device bytes of weights */
+    uint64_t state_bytes;      /* recurrent + conv state + KV cache */
+} lb_mk_info_t;
+
+/* Weight kinds for lb_mk_set_weight (GGUF tensor names, internal layout of docs/internals.md).
+ * Matrices are bf16 bits [out, in] row-major; vectors are fp32. */
+#define LB_MK_TOKEN_EMBD 0   /* bf16 [vocab, 1024], also the tied LM head; layer ignored */
+#define LB_MK_OUTPUT_NORM 1  /* f32 [1024]; layer ignored */
+#define LB_MK_ATTN_NORM 2    /* f32 [1024] */
+#define LB_MK_POST_NORM 3    /* f32 [1024] */
+#define LB_MK_FFN_GATE 4     /* bf16 [3584, 1024] */
+#define LB_MK_FFN_UP 5       /* bf16 [3584, 1024] */
+#define LB_MK_FFN_DOWN 6     /* bf16 [1024, 3584] */
+#define LB_MK_ATTN_QKV 7     /* DeltaNet: bf16 [6144, 1024] */
+#define LB_MK_ATTN_GATE 8    /* DeltaNet z: bf16 [2048, 1024] */
+#define LB_MK_SSM_BETA 9     /* bf16 [16, 1024] */
+#define LB_MK_SSM_ALPHA 10   /* bf16 [16, 1024] */
+#define LB_MK_SSM_OUT 11     /* bf16 [1024, 2048] */
+#define LB_MK_SSM_CONV1D 12  /* f32 [6144, 4] */
+#define LB_MK_SSM_A 13       /* f32 [16] = -exp(A_log) */
+#define LB_MK_SSM_DT 14      /* f32 [16] */
+#define LB_MK_SSM_NORM 15    /* f32 [128] */
+#define LB_MK_ATTN_Q 16      /* attention: bf16 [4096, 1024], per head [q | gate] */
+#define LB_MK_ATTN_K 17      /* bf16 [512, 1024] */
+#define LB_MK_ATTN_V 18      /* bf16 [512, 1024] */
+#define LB_MK_ATTN_OUTPUT 19 /* bf16 [1024, 2048] */
+#define LB_MK_ATTN_Q_NORM 20 /* f32 [256] */
+#define LB_MK_ATTN_K_NORM 21 /* f32 [256] */
+
+/* What lb_mk_read copies back (tests). */
+#define LB_MK_READ_STATE 0   /* f32 [16 (v head), 128 (dv), 128 (dk)]: S transposed, of DeltaNet layer `layer` */
+#define LB_MK_READ_CONV 1    /* f32 [4, 6144]: pre-conv inputs, slot p % 4 holds position p */
+#define LB_MK_READ_KCACHE 2  /* bf16 [2, max_context, 256] of attention layer `layer` */
+#define LB_MK_READ_VCACHE 3  /* bf16 [2, max_context, 256] */
+#define LB_MK_READ_HIDDEN 4  /* f32 [1024]: residual stream after the last step (before the final norm) */
+#define LB_MK_READ_LOGITS 5  /* f32 [vocab] of the last decode call that asked for logits */
+
+LB_API int lb_mk_create(const lb_mk_config_t* cfg, void** handle);
+LB_API int lb_mk_free(void* handle);
+LB_API int lb_mk_get_info(void* handle, lb_mk_info_t* out);
+/* Copy one tensor (host memory, nbytes must match the kind) into the device weights. */
+LB_API int lb_mk_set_weight(void* handle, int kind, int layer, const void* host, uint64_t nbytes);
+/* Forget every token: zero the recurrent and conv state, position 0. Weights stay. */
+LB_API int lb_mk_reset(void* handle);
+/* Fill activations, partials and the logits buffer with NaN (tests: unwritten outputs show). */
+LB_API int lb_mk_poison(void* handle);
+/* Run n_steps tokens from the current position. Step s feeds forced[s] for s < n_forced, else the
+ * previous step's argmax (step 0 with n_forced == 0 feeds the pending token, the last argmax).
+ * out_tokens[s] (host, n_steps) = argmax after step s; logits (host [vocab] or NULL) = the last step's.
+ * Blocks until done. */
+LB_API int lb_mk_decode(void* handle, const int32_t* forced, int n_forced, int n_steps, int32_t* out_tokens,
+                        float* logits);
+/* Streaming form: start the launch, poll how many tokens are in host-visible memory, then finish
+ * (which waits and fills out_tokens / logits like lb_mk_decode). */
+LB_API int lb_mk_decode_start(void* handle, const int32_t* forced, int n_forced, int n_steps, int want_logits);
+LB_API int lb_mk_decode_poll(void* handle, int32_t* out_tokens, int* n_ready);
+LB_API int lb_mk_decode_finish(void* handle, int32_t* out_tokens, float* logits);
+/* Position of the next token, and the pending token (argmax of the last step, -1 if none). */
+LB_API int lb_mk_position(void* handle, int* n_past, int* pending);
+/* Kernel time of the last launch in milliseconds (CUDA events). */
+LB_API int lb_mk_last_time_ms(void* handle, float* ms);
+LB_API int lb_mk_read(void* handle, int what, int layer, void* host, uint64_t nbytes);
+
 /* ================================================================================================
  * DFlash (cuda/dflash/*.cu): 27B target prefill / verify / commit, draft forward.
  * ================================================================================================ */

@@ -1,0 +1,184 @@
+// Shared pieces of the 0.8B decode megakernel: fixed model dims, kernel parameters, small device
+// helpers (bf16 unpack, block reductions, the grid barrier, cp.async + mbarrier primitives).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "lb_arch.cuh"
+
+namespace mk {
+
+// The kernel is specialised for the Qwen3.5-0.8B widths (only the layer count and vocab vary);
+// the host refuses other shapes before launching.
+constexpr int THREADS = 512;  // DeltaNet mapping: one warp per value column, 16 columns per item
+constexpr int WARPS = THREADS / 32;
+constexpr int HID = 1024;
+constexpr int FFN = 3584;
+constexpr int DN_H = 16;                        // Hk = Hv
+constexpr int DN_D = 128;                       // dk = dv
+constexpr int DN_QKV = 3 * DN_H * DN_D;         // 6144 conv channels
+constexpr int DN_Z = DN_H * DN_D;               // 2048
+constexpr int DN_IN = DN_QKV + DN_Z + 2 * DN_H;  // 8224 rows: [qkv | z | beta | alpha]
+constexpr int DN_COLS = WARPS;                  // value columns per recurrence item
+constexpr int DN_ITEMS = DN_H * DN_D / DN_COLS;  // 128
+constexpr int AT_HQ = 8, AT_HKV = 2, AT_D = 256;
+constexpr int AT_Q = AT_HQ * 2 * AT_D;          // 4096 rows: per head [q_h | gate_h]
+constexpr int AT_IN = AT_Q + 2 * AT_HKV * AT_D;  // 5120 rows: [q/gate | k | v]
+constexpr int AT_O = AT_HQ * AT_D;              // 2048
+constexpr int AT_PART = AT_D + 2;               // one split's partial: m, l, acc[256]
+constexpr int ROPE_HALF = 32;                   // rotated dims [0, 64): i pairs with i + 32
+constexpr int SLOT_BYTES = 16384;               // one weight chunk in the shared-memory ring
+constexpr int XS_FLOATS = FFN;                  // GEMV input vector (the widest K)
+constexpr int MAX_RPC = SLOT_BYTES / (2 * HID);  // rows per chunk at K = 1024
+
+// Per-layer device pointers; the host fills an array of these once at create time.
+struct Layer {
+    const uint16_t* w_in;    // bf16 [DN_IN or AT_IN, HID]
+    const uint16_t* w_out;   // bf16 [HID, 2048]
+    const uint16_t* w_gu;    // bf16 [2*FFN, HID]: gate rows then up rows
+    const uint16_t* w_down;  // bf16 [HID, FFN]
+    const float* norm1;      // [HID] attn_norm (+1 included)
+    const float* norm2;      // [HID] post_attention_norm
+    const float* conv_w;     // [DN_QKV, 4]
+    const float* ssm_a;      // [DN_H] = -exp(A_log)
+    const float* dt_bias;    // [DN_H]
+    const float* ssm_norm;   // [DN_D] plain weight
+    const float* q_norm;     // [AT_D]
+    const float* k_norm;     // [AT_D]
+    float* conv_state;       // [3, DN_QKV]: inputs t-3, t-2, t-1
+    float* S;                // [DN_H, dv, dk] fp32: the transposed state, so a column is contiguous
+    uint16_t* kc;            // bf16 [AT_HKV, max_ctx, AT_D]
+    uint16_t* vc;            // bf16 [AT_HKV, max_ctx, AT_D]
+    int is_attn;
+    int m_in;
+};
+
+struct Params {
+    const Layer* layers;
+    int n_layers;
+    int vocab;
+    const uint16_t* embed;  // bf16 [vocab, HID], also the tied LM head
+    const float* out_norm;  // [HID]
+    float* h;               // [HID] residual stream
+    float* y_in;            // [DN_IN] in-projection outputs
+    float* o_buf;           // [DN_Z] DeltaNet head outputs (before the gated norm)
+    float* gu;              // [2*FFN]
+    float* attn_part;       // [AT_HQ, max_splits, AT_PART]
+    float* am_val;          // [gridDim] block-local argmax
+    int* am_idx;
+    unsigned* bar;          // grid-barrier counter, zeroed before each launch
+    int* host_tokens;       // mapped pinned [n_steps]: out[s] = argmax after step s
+    int* last_token;        // device: the pending token after the launch
+    const int* forced;      // [n_forced] input tokens of the first steps (prompt)
+    int n_forced;
+    int n_steps;
+    int pos0;
+    int max_ctx;
+    int max_splits;
+    int nslots;
+    float* logits;  // [vocab] of the last step, or null
+    float eps;
+    float rope_theta;
+};
+
+// Dynamic shared memory: ring slots, then the GEMV input vector (reused as phase scratch), then small
+// arrays. The host computes nslots from the device's opt-in limit.
+struct Smem {
+    uint8_t* slots;
+    uint64_t* mbar;
+    float* xs;    // [XS_FLOATS]
+    float* acc;   // [2][MAX_RPC] row partials, double-buffered by chunk parity
+    float* red;   // [2 * WARPS] reduction scratch
+    int* misc;    // [8]
+};
+
+__host__ __device__ constexpr inline size_t smem_bytes(int nslots) {
+    return (size_t)nslots * SLOT_BYTES + (size_t)nslots * 8 + XS_FLOATS * 4 + 2 * MAX_RPC * 4 + 2 * WARPS * 4 + 8 * 4;
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float bf16_to_f(uint16_t u) { return __uint_as_float((uint32_t)u << 16); }
+// Round to nearest even, as the host converter does (no NaN inputs here).
+__device__ __forceinline__ uint16_t f_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Activations written by other blocks in this launch: read through L2 (never a stale L1 line).
+__device__ __forceinline__ float ldcg(const float* p) { return __ldcg(p); }
+
+// Sum over the whole block; every thread gets the result. `red` holds WARPS floats.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = lb::warp_sum(v);
+    __syncthreads();
+    if (lb::lane_id() == 0) red[lb::warp_id()] = v;
+    __syncthreads();
+    float t = lb::lane_id() < WARPS ? red[lb::lane_id()] : 0.0f;
+    return lb::warp_sum(t);
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Grid-wide barrier over a monotonically increasing counter (zeroed by the host before the launch);
+// `target` is this block's running count of arrivals it expects. Co-residency of all blocks is
+// guaranteed by the cooperative launch.
+__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& target) {
+    __syncthreads();
+    target += gridDim.x;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(bar, 1u);
+        while ((int)(ld_acquire(bar) - target) < 0) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+// The mbarrier completes its phase once every thread's earlier cp.async copies have landed.
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+    uint32_t done = 0;
+    while (!done) {
+#if LB_DEVICE_ARCH >= 900
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+#else
+        asm volatile(
+            "{ .reg .pred p; mbarrier.test_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(smem_addr(bar)), "r"(parity)
+            : "memory");
+#endif
+    }
+}
+
+}  // namespace mk

@@ -1,0 +1,15 @@
+// Host-side entry points of mk_kernel.cu, used by the C API in mk_api.cu (kept apart so the API file
+// stays plain host code). Each returns a cudaError_t as int.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "mk_common.cuh"
+
+namespace mk {
+
+int max_blocks_per_sm(int nslots, int* out);
+int prepare(int nslots);
+int launch(const Params& P, int n_blocks, cudaStream_t stream);
+
+}  // namespace mk
