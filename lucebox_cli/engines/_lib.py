@@ -69,6 +69,40 @@ class DeviceProps(ctypes.Structure):
     ]
 
 
+class MkConfig(ctypes.Structure):
+    """lb_mk_config_t (megakernel)."""
+
+    c_name = "lb_mk_config_t"
+    _fields_ = [
+        ("n_layers", c_int32),
+        ("vocab", c_int32),
+        ("max_context", c_int32),
+        ("n_blocks", c_int32),
+        ("blocks_per_sm", c_int32),
+        ("threads", c_int32),
+        ("device", c_int32),
+        ("rms_eps", ctypes.c_float),
+        ("rope_theta", ctypes.c_float),
+    ]
+
+
+class MkInfo(ctypes.Structure):
+    """lb_mk_info_t (megakernel)."""
+
+    c_name = "lb_mk_info_t"
+    _fields_ = [
+        ("n_blocks", c_int32),
+        ("threads", c_int32),
+        ("nslots", c_int32),
+        ("max_blocks_per_sm", c_int32),
+        ("sm_count", c_int32),
+        ("max_splits", c_int32),
+        ("smem_bytes", c_uint64),
+        ("weight_bytes", c_uint64),
+        ("state_bytes", c_uint64),
+    ]
+
+
 # ---- THE declaration table: one row per LB_API function in lucebox.h, in the header's order --------
 # Later sections (ops, megakernel, dflash) append their rows under a comment naming the section.
 # Pointer parameters: POINTER(<ctypes type>) for host outputs, c_void_p for device pointers, streams and
@@ -83,6 +117,19 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_cuda_versions": (c_int, [POINTER(c_int), POINTER(c_int)]),
     # ops
     # megakernel
+    "lb_mk_create": (c_int, [POINTER(MkConfig), POINTER(ctypes.c_void_p)]),
+    "lb_mk_free": (c_int, [ctypes.c_void_p]),
+    "lb_mk_get_info": (c_int, [ctypes.c_void_p, POINTER(MkInfo)]),
+    "lb_mk_set_weight": (c_int, [ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_uint64]),
+    "lb_mk_reset": (c_int, [ctypes.c_void_p]),
+    "lb_mk_poison": (c_int, [ctypes.c_void_p]),
+    "lb_mk_decode": (c_int, [ctypes.c_void_p, POINTER(c_int32), c_int, c_int, POINTER(c_int32), POINTER(ctypes.c_float)]),
+    "lb_mk_decode_start": (c_int, [ctypes.c_void_p, POINTER(c_int32), c_int, c_int, c_int]),
+    "lb_mk_decode_poll": (c_int, [ctypes.c_void_p, POINTER(c_int32), POINTER(c_int)]),
+    "lb_mk_decode_finish": (c_int, [ctypes.c_void_p, POINTER(c_int32), POINTER(ctypes.c_float)]),
+    "lb_mk_position": (c_int, [ctypes.c_void_p, POINTER(c_int), POINTER(c_int)]),
+    "lb_mk_last_time_ms": (c_int, [ctypes.c_void_p, POINTER(ctypes.c_float)]),
+    "lb_mk_read": (c_int, [ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_uint64]),
     # dflash
 }
 
