@@ -1,0 +1,59 @@
+"""Small pieces the quantizer kernels share: input checks, C float→int conversions, fp16 stores."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from lucebox_cli.quant.floats import fp32_to_fp16_bits
+
+
+def as_rows(x: np.ndarray, block: int) -> np.ndarray:
+    """float32 C-contiguous [rows, cols] with cols a multiple of `block` (a 1-D input is one row)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    if x.ndim != 2:
+        x = x.reshape(-1, x.shape[-1])
+    if x.shape[1] % block:
+        raise ValueError(f"row length {x.shape[1]} is not a multiple of the block size {block}")
+    return x
+
+
+TWO31 = np.float32(2147483648.0)
+
+
+@njit(cache=True, inline="always")
+def cvtt(v):
+    """C float → int conversion as x86-64 does it (cvttss2si): truncation, and INT32_MIN for NaN,
+    infinities and values out of the int32 range, which the reference meets on degenerate blocks
+    (a denormal scale whose reciprocal overflows)."""
+    if not (v > -TWO31 - np.float32(1.0) and v < TWO31):
+        return -2147483648
+    return np.int64(v)
+
+
+@njit(cache=True, inline="always")
+def roundf(v):
+    """C roundf (half away from zero) then the x86-64 float → int conversion."""
+    a = abs(v)
+    if not a < TWO31:
+        return cvtt(v)
+    t = np.int64(a)
+    if np.float32(a - np.float32(t)) >= np.float32(0.5):
+        t += 1
+    return -t if v < 0 else t
+
+
+@njit(cache=True, inline="always")
+def to_int8(i):
+    """C's wrap of an int into int8_t."""
+    return ((i + 128) & 0xFF) - 128
+
+
+@njit(cache=True, inline="always")
+def store_fp16(out, pos, f):
+    """Store f as ggml fp16 at out[pos:pos+2] (little-endian)."""
+    h = fp32_to_fp16_bits(f)
+    out[pos] = h & 0xFF
+    out[pos + 1] = (h >> 8) & 0xFF

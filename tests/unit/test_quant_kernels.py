@@ -1,0 +1,122 @@
+"""Our numba quantizers give llama.cpp's bytes exactly, and gguf's dequantizers read them back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from lucebox_cli.quant.blocks import TYPES
+from lucebox_cli.quant.floats import to_bf16, to_f16
+from lucebox_cli.quant.legacy import quantize_q4_0, quantize_q5_0, quantize_q5_1
+from lucebox_cli.quant.q4_k import quantize_q4_k
+from lucebox_cli.quant.q5_k import quantize_q5_k
+from lucebox_cli.quant.q6_k import quantize_q6_k
+from lucebox_cli.quant.q8_0 import quantize_q8_0
+from tests.unit.ggml_ref import ggml_base, reference_quantize
+
+QUANTIZERS = {
+    "Q8_0": quantize_q8_0,
+    "Q4_K": quantize_q4_k,
+    "Q5_K": quantize_q5_k,
+    "Q6_K": quantize_q6_k,
+    "Q4_0": quantize_q4_0,
+    "Q5_0": quantize_q5_0,
+    "Q5_1": quantize_q5_1,
+}
+COLS = 512
+
+
+def _adversarial(cols: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    g = rng.standard_normal(cols).astype(np.float32)
+    outlier = (g * 0.01).astype(np.float32)
+    outlier[37] = 1000.0
+    ties = (np.arange(cols, dtype=np.float32) % 33 - 16) * np.float32(0.5)
+    one_nonzero = np.zeros(cols, np.float32)
+    one_nonzero[300 % cols] = -3.0
+    mixed = g.copy()
+    mixed[: cols // 2] *= 1e-4  # blocks of very different ranges in one row
+    return {
+        "zeros": np.zeros(cols, np.float32),
+        "outlier": outlier,
+        "equal-pos": np.full(cols, 0.37, np.float32),
+        "equal-neg": np.full(cols, -2.5, np.float32),
+        "negative-only": -np.abs(g) - np.float32(0.1),
+        "positive-only": np.abs(g) + np.float32(0.1),
+        "denormals": (g * np.float32(1e-39)).astype(np.float32),
+        "tiny": (g * np.float32(1e-20)).astype(np.float32),
+        "huge": (g * np.float32(1e15)).astype(np.float32),
+        "ties": ties,
+        "one-nonzero": one_nonzero,
+        "mixed-ranges": mixed,
+        "int-grid": np.round(g * 8).astype(np.float32),
+        "heavy-tail": (rng.standard_t(2, cols) * 0.05).astype(np.float32),
+    }
+
+
+def _random(rows: int, cols: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    row_scale = rng.uniform(1e-3, 3.0, (rows, 1))
+    return (rng.standard_normal((rows, cols)) * row_scale).astype(np.float32)
+
+
+def _ggml_id(name: str) -> int:
+    return TYPES[name].ggml_type
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _need_reference():
+    ggml_base()
+
+
+@pytest.mark.parametrize("qtype", list(QUANTIZERS))
+def test_random_matrix_matches_llama_cpp(qtype):
+    x = _random(40, COLS, seed=hash(qtype) % 1000)
+    ours = QUANTIZERS[qtype](x)
+    ref = reference_quantize(_ggml_id(qtype), x)
+    assert ours.shape == ref.shape
+    assert np.array_equal(ours, ref), f"{(ours != ref).any(axis=1).sum()} of {x.shape[0]} rows differ"
+
+
+@pytest.mark.parametrize("case", list(_adversarial(COLS)))
+@pytest.mark.parametrize("qtype", list(QUANTIZERS))
+def test_adversarial_row_matches_llama_cpp(qtype, case):
+    x = _adversarial(COLS)[case].reshape(1, -1)
+    ours = QUANTIZERS[qtype](x)
+    ref = reference_quantize(_ggml_id(qtype), x)
+    assert np.array_equal(ours, ref), f"bytes {np.nonzero(ours[0] != ref[0])[0][:16]} differ"
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q5_0", "Q5_1"])
+def test_gguf_dequantizes_ours_close_to_input(qtype):
+    x = _random(8, COLS, seed=3)
+    q = QUANTIZERS[qtype](x)
+    back = quants.dequantize(q, GGMLQuantizationType[qtype]).reshape(x.shape)
+    rel = np.sqrt(np.mean((back - x) ** 2) / np.mean(x**2))
+    bound = {"Q8_0": 0.01, "Q6_K": 0.02, "Q5_K": 0.04, "Q5_0": 0.05, "Q5_1": 0.05, "Q4_K": 0.08, "Q4_0": 0.1}
+    assert rel < bound[qtype]
+
+
+def test_bf16_matches_gguf_rounding_and_nan():
+    vals = np.array(
+        [0.0, -0.0, 1.0, 1.00390625, 1.01171875, 3.4e38, np.inf, -np.inf, 1e-40, -1.5e-39],
+        np.float32,
+    )
+    nans = np.array([0x7FC00000, 0x7F800001, 0xFFC12345, 0x7FFFFFFF], np.uint32).view(np.float32)
+    x = np.concatenate([vals, nans, _random(4, 64, 1).ravel()])
+    ours = to_bf16(x)
+    theirs = quants.quantize(x, GGMLQuantizationType.BF16).view(np.uint16)
+    assert np.array_equal(ours, theirs)
+
+
+def test_f16_matches_ggml_row_conversion():
+    ggml = ggml_base()
+    x = np.concatenate([
+        _random(2, 256, 5).ravel() * 1000,
+        np.array([65519.0, 65520.0, 70000.0, 6e-8, 3e-8, 2.9e-8, 1e-10, -0.0], np.float32),
+        np.array([0x7FC00000, 0xFFC12345], np.uint32).view(np.float32),
+    ]).astype(np.float32)
+    ref = np.zeros(x.size, np.uint16)
+    ggml.ggml_quantize_chunk(TYPES["F16"].ggml_type, x.ctypes.data, ref.ctypes.data, 0, 1, x.size, None)
+    assert np.array_equal(to_f16(x).view(np.uint16), ref)
