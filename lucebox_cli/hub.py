@@ -24,7 +24,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from lucebox_cli import __version__
@@ -174,8 +174,8 @@ ProgressFn = Callable[[PlannedFile, int], None]
 
 
 def _matches(path: str, patterns: Iterable[str]) -> bool:
-    name = PurePosixPath(path).name
-    return any(fnmatch.fnmatchcase(path, p) or ("/" not in p and fnmatch.fnmatchcase(name, p)) for p in patterns)
+    # huggingface_hub's allow_patterns semantics: fnmatch on the repo path, where `*` also crosses `/`.
+    return any(fnmatch.fnmatchcase(path, p) for p in patterns)
 
 
 def _groups(spec: ModelSpec) -> list[tuple[str, str, list[RepoFiles]]]:
@@ -274,6 +274,9 @@ def find_local(spec: ModelSpec, include: list[str] | None = None, offline: bool 
         commit = _cached_commit(storage, revision)
         snapshot = storage / "snapshots" / commit if commit else None
         if snapshot is None or not snapshot.is_dir():
+            # With --include, a repo the patterns never reach need not be cached (checked below: any files at all).
+            if include:
+                continue
             raise _not_cached(spec, cache, reason)
         found: list[PulledFile] = []
         for p in sorted(snapshot.rglob("*")):
@@ -603,17 +606,18 @@ def download(
     pulled: list[PulledFile] = []
     for repo_id, revision, rfs in _groups(spec):
         files = _plan_repo(spec, cache, repo_id, revision, rfs, include)
+        if not files:
+            continue
         for f in files:
             pointer = _fetch(f, cache, headers, progress)
             if progress:
                 progress(f, f.size)
             pulled.append(PulledFile(f.repo_id, f.path, f.size, pointer, f.role, f.sha256))
         storage = _storage(cache, repo_id)
-        commit = files[0].revision if files else _cached_commit(storage, revision)
+        commit = files[0].revision
         # The ref moves only once every file of the commit is in place, so lookups never see half a snapshot.
-        if commit:
-            _write_ref(storage, revision, commit)
-        snapshot = storage / "snapshots" / commit if commit else None
+        _write_ref(storage, revision, commit)
+        snapshot = storage / "snapshots" / commit
         repos.append(RepoResult(repo_id, revision, commit, tuple(rf.role for rf in rfs), snapshot))
     if not pulled:
         raise ModelNotFound(

@@ -41,6 +41,9 @@ def _populate(fake: FakeHub) -> dict[str, dict[str, bytes]]:
             # Decoys the Q4_K_M patterns must not pick up.
             "Qwen3.5-27B-UD-Q4_K_M.gguf": _bytes(1_000, 3),
             "mmproj-F16.gguf": _bytes(1_000, 4),
+            # Quants over the hub's 50 GB limit come as shards in a folder.
+            "BF16/Qwen3.5-27B-BF16-00001-of-00002.gguf": _bytes(2_000, 7),
+            "BF16/Qwen3.5-27B-BF16-00002-of-00002.gguf": _bytes(1_500, 8),
             "README.md": b"# GGUF\n",
         },
         DRAFT_REPO: {
@@ -108,6 +111,10 @@ def _pull_json(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
+def _cached_files(cache: Path) -> list[Path]:
+    return [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
+
+
 def _leftovers(cache: Path) -> list[Path]:
     return [p for p in cache.rglob("*") if p.name.endswith(".incomplete")]
 
@@ -165,7 +172,7 @@ def test_dry_run_lists_files_and_downloads_nothing(fake, tmp_path):
     data = fake.repos[GGUF_REPO].files["Qwen3.5-27B-Q8_0.gguf"]
     assert q8["sha256"] == hashlib.sha256(data).hexdigest() and not q8["cached"]
     assert out["download_size"] == out["total_size"] == sum(sizes.values())
-    assert not any(p.is_file() for p in _cache(tmp_path).rglob("*")) if _cache(tmp_path).exists() else True
+    assert _cached_files(_cache(tmp_path)) == []
     assert not [r for r in fake.requests if "/resolve/" in r[1] or r[1].startswith("/cdn/")]
     human = _pull("pull", "qwen3.5-27b:Q8_0", "--dry-run")
     assert human.exit_code == 0 and "Qwen3.5-27B-Q8_0.gguf" in human.stdout and "dry run" in human.stdout
@@ -192,6 +199,21 @@ def test_resume_after_cut_sends_range_and_completes(fake, tmp_path):
     assert ranges == [None, "bytes=100000-"]
     assert Path(out["files"][0]["local_path"]).read_bytes() == data
     assert _leftovers(_cache(tmp_path)) == []
+    # Only the GGUF repo was touched, and --offline --include finds it without the draft.
+    assert [r["repo_id"] for r in out["repos"]] == [GGUF_REPO]
+    offline = _pull_json("pull", "qwen3.5-27b", "--include", "*.gguf", "--offline")
+    assert [f["path"] for f in offline["files"]] == [Q4]
+
+
+def test_sharded_quant_needs_every_shard(fake, tmp_path):
+    out = _pull_json("pull", "qwen3.5-27b:bf16")
+    shards = sorted(f["path"] for f in out["files"] if f["role"] == "target")
+    assert shards == ["BF16/Qwen3.5-27B-BF16-00001-of-00002.gguf", "BF16/Qwen3.5-27B-BF16-00002-of-00002.gguf"]
+    spec = registry.resolve("qwen3.5-27b:BF16")
+    assert len(hub.find_local(spec).paths("target")) == 2
+    Path(next(f["local_path"] for f in out["files"] if f["path"] == shards[1])).unlink()
+    with pytest.raises(ModelNotFound, match="00002-of-00002"):
+        hub.find_local(spec)
 
 
 def test_interrupted_pull_resumes_in_the_next_run(fake, tmp_path):
@@ -205,7 +227,7 @@ def test_interrupted_pull_resumes_in_the_next_run(fake, tmp_path):
     # The partial download is kept, under a name that never looks complete.
     assert (storage / "blobs" / f"{sha}.incomplete").stat().st_size == 70_000
     assert not (storage / "blobs" / sha).exists()
-    assert not list((storage / "snapshots").rglob(Q4)) if (storage / "snapshots").exists() else True
+    assert not [p for p in _cached_files(storage) if p.name == Q4]
     with pytest.raises(ModelNotFound):
         hub.find_local(registry.resolve("qwen3.5-27b"), include=["*.gguf"])
 
