@@ -344,13 +344,15 @@ def _repo_listing(repo_id: str, revision: str) -> tuple[str, list[Any]]:
     """(commit, siblings with size/blob id/LFS sha256) of one repo revision."""
     import httpx2
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, OfflineModeIsEnabled
 
     api = HfApi(endpoint=endpoint(), token=_token(), library_name="lucebox", library_version=__version__)
     try:
         info = api.model_info(repo_id, revision=revision, files_metadata=True, timeout=_download_timeout())
     except (HfHubHTTPError, OfflineModeIsEnabled, httpx2.TransportError, OSError) as err:
         raise _hub_error(err, f"{repo_id}@{revision}") from err
+    except HFValidationError as err:
+        raise ModelNotFound(f"invalid hub repo or revision {repo_id}@{revision}: {err}", hint="use `org/repo`") from err
     if not info.sha or info.siblings is None:
         raise DownloadError(
             f"{endpoint()} returned no commit or file list for {repo_id}",

@@ -207,6 +207,9 @@ def _alias_spec(alias: str, tag: str) -> ModelSpec:
 
 
 def _repo_spec(repo_id: str, tag: str) -> ModelSpec:
+    if "--" in repo_id or ".." in repo_id or len(repo_id) > 96:
+        # The hub's own repo-id rules; checked here so the error is ours, not a library traceback.
+        raise UsageError(f"{repo_id!r} is not a valid hub repo id", hint="use `org/repo`: no '--' or '..', ≤ 96 chars")
     if tag and not _TAG_RE.match(tag):
         raise UsageError(f"bad quant tag {tag!r} in {repo_id}:{tag}", hint=f"allowed: {', '.join(QUANT_TAGS)}")
     if tag or repo_id.lower().endswith("-gguf"):

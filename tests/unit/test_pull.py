@@ -340,3 +340,11 @@ def test_library_progress_reports_bytes_up_to_size(fake, tmp_path):
         assert values == sorted(values) and values[-1] == sizes[path]
     planned = hub.plan(spec)
     assert all(f.cached for f in planned) and {f.path for f in planned} == set(sizes)
+
+
+def test_local_path_needs_no_hub(fake, tmp_path):
+    gguf = tmp_path / "mine.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    out = _pull_json("pull", str(gguf))
+    assert [(f["local_path"], f["size"]) for f in out["files"]] == [(str(gguf), 64)]
+    assert fake.requests == []

@@ -93,9 +93,11 @@ def test_raw_repos(name, fmt, quant):
         assert f"*-{quant}.gguf" in spec.repo("target").allow_patterns
 
 
-def test_raw_repo_bad_tag():
+def test_raw_repo_bad_tag_or_id():
     with pytest.raises(UsageError, match="Q4_K_M"):
         resolve("someorg/foo:Q1_0")
+    with pytest.raises(UsageError, match="not a valid hub repo id"):
+        resolve("someorg/foo--bar")
 
 
 def test_local_gguf_file_and_directory(tmp_path):
