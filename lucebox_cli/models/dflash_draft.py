@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -234,17 +234,22 @@ class DFlashConfig:
                 block_size=int(md[a + "dflash.block_size"]),
                 mask_token_id=int(md[a + "dflash.mask_token_id"]), layer_types=types,
                 sliding_window=md.get(a + "attention.sliding_window"),
-                rms_eps=float(md[a + "attention.layer_norm_rms_epsilon"]),
-                rope_theta=float(md[a + "rope.freq_base"]),
+                rms_eps=_f32(md[a + "attention.layer_norm_rms_epsilon"]),
+                rope_theta=_f32(md[a + "rope.freq_base"]),
                 vocab_size=int(md.get(a + "vocab_size", 0)),
                 n_target_layers=int(md.get(a + "dflash.n_target_layers", 0)),
-                input_embedding_scale=float(md.get(a + "dflash.input_embedding_scale", 1.0)),
-                output_multiplier=float(md.get(a + "dflash.output_multiplier", 1.0)),
-                logit_softcap=float(md.get(a + "dflash.final_logit_softcapping", 0.0)),
+                input_embedding_scale=_f32(md.get(a + "dflash.input_embedding_scale", 1.0)),
+                output_multiplier=_f32(md.get(a + "dflash.output_multiplier", 1.0)),
+                logit_softcap=_f32(md.get(a + "dflash.final_logit_softcapping", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise BadModelFile(f"DFlash GGUF metadata lacks a valid {e}") from e
         return _with_causality(cfg, causal)
+
+
+def _f32(value) -> float:
+    """A FLOAT32 metadata value as the decimal it was written from (1e-06, not 9.99999997e-07)."""
+    return float(str(np.float32(value)))
 
 
 def _with_causality(cfg: DFlashConfig, causal: list[bool]) -> DFlashConfig:
@@ -277,7 +282,7 @@ def _rope_theta(cfg: dict) -> float:
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
         raise UnsupportedModel(f"DFlash draft RoPE type {kind!r} is not supported (plain RoPE only)")
-    return float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    return float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
 
 
 # ---- loading --------------------------------------------------------------------------------
@@ -309,42 +314,50 @@ def read_hf_config(folder: str | Path) -> DFlashConfig:
 _ST_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
 
 
-def _safetensors_entries(path: Path) -> Iterator[tuple[str, str, Callable[[], np.ndarray]]]:
-    """(name, dtype, loader) per tensor; loaders memmap and return float32 (BF16 widened exactly)."""
+@dataclass(frozen=True)
+class HFTensor:
+    """One checkpoint tensor, not yet read: `load()` memmaps it and returns float32."""
+
+    hf_name: str
+    dtype: str
+    shape: tuple[int, ...]
+    path: Path
+    begin: int
+    end: int
+
+    def load(self) -> np.ndarray:
+        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.begin, shape=(self.end - self.begin,))
+        arr = raw.view(_ST_DTYPES[self.dtype])
+        if self.dtype == "BF16":
+            # bf16 is the top half of an fp32: widening is exact
+            arr = (arr.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return arr.astype(np.float32, copy=False).reshape(self.shape)
+
+
+def _safetensors_entries(path: Path) -> Iterator[HFTensor]:
     try:
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n))
     except (OSError, ValueError, struct.error) as e:
         raise BadModelFile(f"{path} is not a readable safetensors file: {e}") from e
-    data_start = 8 + n
     for name, info in header.items():
         if name == "__metadata__":
             continue
         dtype = info.get("dtype")
         if dtype not in _ST_DTYPES:
             raise UnsupportedModel(f"{path.name}: tensor {name} has dtype {dtype} (F32/F16/BF16 only)")
-
-        def load(info=info, dtype=dtype) -> np.ndarray:
-            begin, end = info["data_offsets"]
-            raw = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start + begin, shape=(end - begin,))
-            arr = raw.view(_ST_DTYPES[dtype])
-            if dtype == "BF16":
-                arr = (arr.astype(np.uint32) << np.uint32(16)).view(np.float32)
-            return arr.astype(np.float32, copy=False).reshape(info["shape"])
-
-        yield name, dtype, load
+        begin, end = info["data_offsets"]
+        yield HFTensor(name, dtype, tuple(info["shape"]), path, 8 + n + begin, 8 + n + end)
 
 
-def hf_tensors(folder: str | Path) -> Iterator[tuple[str, str, Callable[[], np.ndarray]]]:
-    """(GGUF name, source dtype, float32 loader) for every draft tensor of a z-lab folder."""
+def hf_tensors(folder: str | Path) -> dict[str, HFTensor]:
+    """Every tensor of a z-lab folder by GGUF name, unread."""
     folder = Path(folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelNotFound(f"no .safetensors files in {folder}")
-    for file in files:
-        for name, dtype, load in _safetensors_entries(file):
-            yield _gguf_name(name), dtype, load
+    return {_gguf_name(t.hf_name): t for f in files for t in _safetensors_entries(f)}
 
 
 def _gguf_name(hf_name: str) -> str:
@@ -375,9 +388,9 @@ def check_weights(cfg: DFlashConfig, shapes: dict[str, tuple[int, ...]], where: 
 
 def load_hf_draft(folder: str | Path) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
     cfg = read_hf_config(folder)
-    weights = {name: load() for name, _, load in hf_tensors(folder)}
-    check_weights(cfg, {k: v.shape for k, v in weights.items()}, str(folder))
-    return cfg, weights
+    tensors = hf_tensors(folder)
+    check_weights(cfg, {k: t.shape for k, t in tensors.items()}, str(folder))
+    return cfg, {name: t.load() for name, t in tensors.items()}
 
 
 def load_gguf_draft(path: str | Path) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
@@ -385,7 +398,7 @@ def load_gguf_draft(path: str | Path) -> tuple[DFlashConfig, dict[str, np.ndarra
 
     model = GGUFModel(path)
     cfg = DFlashConfig.from_gguf_metadata(model.metadata)
-    weights = {name: np.asarray(model.dequant(name), dtype=np.float32) for name in model.tensor_names()}
+    weights = {name: np.asarray(model.dequant(name), dtype=np.float32) for name in model.tensor_names}
     check_weights(cfg, {k: v.shape for k, v in weights.items()}, str(path))
     return cfg, weights
 

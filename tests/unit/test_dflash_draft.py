@@ -71,10 +71,10 @@ def _hf_name(gguf: str) -> str:
     return f"layers.{i}." + {v: k for k, v in m._LAYER_NAMES.items()}[rest]
 
 
-def target_head(seed: int = 1):
+def target_head(seed: int = 1, hidden: int = HIDDEN):
     rng = np.random.default_rng(seed)
-    embd = rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32)
-    head = (rng.standard_normal((VOCAB, HIDDEN)) * HIDDEN**-0.5).astype(np.float32)
+    embd = rng.standard_normal((VOCAB, hidden)).astype(np.float32)
+    head = (rng.standard_normal((VOCAB, hidden)) * hidden**-0.5).astype(np.float32)
     return embd, head
 
 
@@ -223,3 +223,82 @@ def test_unsupported_and_bad_drafts(tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(BadModelFile, match="missing"):
         load_draft(folder)
+
+
+# ---- GGUF form (quant/convert_draft.py) -------------------------------------------------------
+
+
+def _gguf_round_trip(tmp_path, cfg, qtype, dtype="float32"):
+    from lucebox_cli.gguf_io import GGUFModel
+    from lucebox_cli.quant.convert_draft import convert_draft
+
+    folder = write_draft(tmp_path / "hf", cfg, dtype=dtype)
+    seen = []
+    res = convert_draft(folder, tmp_path / f"draft-{qtype}.gguf", qtype, progress=lambda d, t, n: seen.append(n))
+    assert res.path.is_file() and not list(tmp_path.glob("*.tmp-*"))
+    assert seen[-1] == res.tensors[-1].name
+    model = GGUFModel(res.path)
+    assert model.architecture == "dflash-qwen3"
+    types = {n: model.tensor_info(n).ggml_type for n in model.tensor_names}
+    embd, head = target_head(hidden=cfg["hidden_size"])
+    feats = np.random.default_rng(5).standard_normal((9, DFlashConfig.from_hf(cfg).fc_in)).astype(np.float32)
+    outs = []
+    for src in (folder, res.path):
+        d = DFlashDraft.from_path(src, embd, head)
+        d.append_context(feats)
+        outs.append(d.forward_block(4))
+    return res, types, outs, folder
+
+
+@pytest.mark.parametrize("qtype,dtype", [("F32", "float32"), ("BF16", "bfloat16")])
+def test_gguf_float_round_trip_is_exact(tmp_path, qtype, dtype):
+    cfg = hf_config(use_sliding_window=True, sliding_window=5, layer_types=["sliding_attention", "full_attention"])
+    res, types, (hf, gguf), _ = _gguf_round_trip(tmp_path, cfg, qtype, dtype)
+    assert types["fc.weight"] == qtype and types["blk.0.attn_norm.weight"] == "F32"
+    np.testing.assert_array_equal(hf, gguf)
+    from lucebox_cli.models.dflash_draft import load_draft
+
+    assert load_draft(res.path)[0] == DFlashConfig.from_hf(cfg)
+
+
+def test_gguf_q8_0_round_trip_is_close(tmp_path):
+    _, types, (hf, gguf), _ = _gguf_round_trip(tmp_path, hf_config(), "Q8_0")
+    assert {t for n, t in types.items() if n.endswith("norm.weight")} == {"F32"}
+    assert {t for n, t in types.items() if not n.endswith("norm.weight")} == {"Q8_0"}
+    assert 0 < rel_rms(gguf, hf) < 2e-2
+
+
+def test_q4_k_m_mix():
+    from lucebox_cli.quant.convert_draft import tensor_type
+
+    assert tensor_type("fc.weight", (256, 768), "Q4_K_M") == "Q6_K"
+    assert tensor_type("blk.3.attn_v.weight", (128, 256), "Q4_K_M") == "Q6_K"
+    assert tensor_type("blk.3.ffn_down.weight", (256, 512), "Q4_K_M") == "Q6_K"
+    assert tensor_type("blk.3.attn_q.weight", (512, 256), "Q4_K_M") == "Q4_K"
+    assert tensor_type("blk.3.attn_q.weight", (512, 96), "Q4_K_M") == "Q8_0"
+    assert tensor_type("blk.3.attn_q.weight", (512, 40), "Q8_0") == "BF16"
+    assert tensor_type("blk.3.attn_q_norm.weight", (128,), "Q4_K_M") == "F32"
+
+
+@pytest.mark.slow
+def test_gguf_q4_k_m_round_trip(tmp_path):
+    from lucebox_cli.models.dflash_draft import load_draft
+
+    cfg = hf_config(hidden_size=256, intermediate_size=512, head_dim=64, block_size=4)
+    res, types, (hf, gguf), folder = _gguf_round_trip(tmp_path, cfg, "Q4_K_M")
+    assert types["blk.0.attn_q.weight"] == "Q4_K" and types["blk.1.ffn_down.weight"] == "Q6_K"
+    assert types["fc.weight"] == "Q6_K" and types["blk.0.ffn_norm.weight"] == "F32"
+    # random Gaussian weights are the worst case for 4 bits: bound each tensor, then the logits loosely
+    want, got = load_draft(folder)[1], load_draft(res.path)[1]
+    bound = {"Q4_K": 0.12, "Q6_K": 0.03, "F32": 0.0}
+    for name, t in types.items():
+        assert rel_rms(got[name], want[name]) <= bound[t], name
+    assert 0 < rel_rms(gguf, hf) < 0.25
+
+
+def test_convert_rejects_unknown_type(tmp_path):
+    from lucebox_cli.errors import UsageError
+    from lucebox_cli.quant.convert_draft import convert_draft
+
+    with pytest.raises(UsageError):
+        convert_draft(tmp_path, tmp_path / "x.gguf", "Q5_K_M")
