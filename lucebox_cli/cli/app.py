@@ -18,12 +18,14 @@ from lucebox_cli.errors import LuceboxError
 EPILOG = """\
 Examples:
 
+\b
   lucebox doctor                          # what this machine has: GPU, profile, engines, cache
   lucebox pull qwen3.5-27b                # GGUF target + DFlash draft into the HF cache
   lucebox pull qwen3.5-0.8b --dry-run     # list files and sizes, download nothing
   lucebox profiles --json                 # hardware profiles as JSON
   lucebox build --profile rtx3090-sm86    # compile the CUDA engines for a card
 
+\b
 Set LUCEBOX_DEBUG=1 to see tracebacks.
 """
 
