@@ -560,6 +560,15 @@ class DFlashDraft:
             vs.append(v)
         self._ctx.append(pos, ks, vs)
 
+    def sync_context(self, features: np.ndarray) -> None:
+        """Follow a target's feature store [n_past, n_taps·hidden] (rows at positions 0 … n_past−1):
+        project only the rows past the cached ones; a shorter store (a rollback) truncates first."""
+        n = features.shape[0]
+        if n < self.n_ctx:
+            self.truncate(n)
+        if n > self.n_ctx:
+            self.append_context(features[self.n_ctx :], pos0=self.n_ctx)
+
     def _kv(self, i: int, x: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         c, b = self.config, f"blk.{i}."
         k = (x @ self.w[b + "attn_k.weight"].T).reshape(-1, c.n_kv_heads, c.head_dim)

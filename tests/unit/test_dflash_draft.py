@@ -161,6 +161,18 @@ def test_incremental_context_equals_recompute(tmp_path):
     redo = DFlashDraft.from_path(folder, embd, head)
     redo.append_context(np.concatenate([feats[:13], other]))
     assert rel_rms(inc.forward_block(9), redo.forward_block(9)) < 1e-6
+    # following an engine's feature store: grow, then roll back past the last sync
+    synced = DFlashDraft.from_path(folder, embd, head)
+    for n in (5, 11, 17, 13):
+        synced.sync_context(feats[:n])
+        assert synced.n_ctx == n
+    assert rel_rms(synced.forward_block(2), fresh_over(folder, embd, head, feats[:13]).forward_block(2)) < 1e-6
+
+
+def fresh_over(folder, embd, head, feats):
+    d = DFlashDraft.from_path(folder, embd, head)
+    d.append_context(feats)
+    return d
 
 
 def test_propose_topk(tmp_path):
