@@ -12,13 +12,11 @@ min(1, p/q) test is biased on trees built from draft marginals, which is why it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import numpy as np
 
 from lucebox_cli.engines.base import Tree
-
-ProbsFn = Callable[[np.ndarray, float, int, float], np.ndarray]
+from lucebox_cli.spec.sampling import draw, probs
 
 
 @dataclass(frozen=True)
@@ -57,13 +55,6 @@ def greedy_walk(tree: Tree, argmax: np.ndarray) -> Accepted:
         slot = nxt
 
 
-def draw(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One categorical draw by inverse CDF (one uniform per draw, so a seed fixes the sequence)."""
-    cdf = np.cumsum(p, dtype=np.float64)
-    u = rng.random() * cdf[-1]
-    return int(min(np.searchsorted(cdf, u, side="right"), p.size - 1))
-
-
 def sampled_walk(
     tree: Tree,
     logits: np.ndarray,
@@ -71,20 +62,17 @@ def sampled_walk(
     temperature: float,
     top_k: int = 0,
     top_p: float = 1.0,
-    probs_fn: Optional[ProbsFn] = None,
 ) -> Accepted:
     """Exact sampled verification: per visited slot, one draw from the target distribution there.
 
-    `logits` is [N, V]; `probs_fn(logits_row, temperature, top_k, top_p)` turns a row into the
-    distribution plain sampling would use (defaults to spec.sampling.probs, so both agree).
+    `logits` is [N, V]. The distribution and the draw are spec.sampling's (probs, draw), the ones
+    plain sampling uses, so with one seed both consume one uniform per emitted token.
     """
-    if probs_fn is None:
-        from lucebox_cli.spec.sampling import probs as probs_fn
     children = child_table(tree)
     slot = 0
     path = [0]
     while True:
-        token = draw(np.asarray(probs_fn(logits[slot], temperature, top_k, top_p)), rng)
+        token = draw(probs(logits[slot], temperature, top_k, top_p), rng)
         nxt = children[slot].get(token)
         if nxt is None:
             return Accepted(path, token)

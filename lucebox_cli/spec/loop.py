@@ -24,10 +24,11 @@ import numpy as np
 from lucebox_cli.config import RunConfig
 from lucebox_cli.engines.base import Engine, Tree
 from lucebox_cli.errors import UsageError
-from lucebox_cli.spec.accept import Accepted, draw, greedy_walk, sampled_walk
+from lucebox_cli.spec.accept import Accepted, greedy_walk, sampled_walk
 from lucebox_cli.spec.chain import build_chain
 from lucebox_cli.spec.ddtree import MAX_DEPTH, DraftTree, build_ddtree
 from lucebox_cli.spec.drafts import Draft
+from lucebox_cli.spec.sampling import check_params, sample
 
 SPEC_MODES = ("none", "chain", "ddtree")
 DDTREE_TOP_K = 8  # draft alternatives per depth (K in the DDTree paper)
@@ -81,20 +82,17 @@ class SpecResult:
 
 
 class _Sampler:
-    """Greedy at T = 0, else one inverse-CDF draw from spec.sampling.probs per emitted token."""
+    """spec.sampling.sample for plain steps (greedy at T = 0), the matching walk for verified trees."""
 
     def __init__(self, cfg: RunConfig):
+        check_params(cfg.temperature, cfg.top_k, cfg.top_p)
         self.cfg = cfg
-        self.greedy = cfg.temperature <= 0
+        self.greedy = cfg.temperature == 0
         self.rng = np.random.default_rng(cfg.seed)
 
     def pick(self, logits: np.ndarray) -> int:
-        if self.greedy:
-            return int(np.argmax(logits))
-        from lucebox_cli.spec.sampling import probs
-
         c = self.cfg
-        return draw(np.asarray(probs(logits, c.temperature, c.top_k, c.top_p)), self.rng)
+        return sample(logits, c.temperature, c.top_k, c.top_p, rng=self.rng)
 
     def walk(self, tree: Tree, verified) -> Accepted:
         if self.greedy:

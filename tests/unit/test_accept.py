@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lucebox_cli.engines.base import Tree
-from lucebox_cli.spec.accept import child_table, draw, greedy_walk
+from lucebox_cli.spec.accept import child_table, greedy_walk
 from lucebox_cli.spec.ddtree import build_ddtree
 
 VOCAB = 6
@@ -67,11 +67,3 @@ def test_walk_emits_the_oracle_continuation(context, seed, budget, k):
     # maximal: the walk stops only where no child holds the target's token
     last = res.path[-1]
     assert res.bonus not in child_table(tree)[last]
-
-
-def test_draw_follows_the_distribution_edges():
-    rng = np.random.default_rng(0)
-    p = np.array([0.0, 1.0, 0.0])
-    assert {draw(p, rng) for _ in range(50)} == {1}
-    p = np.array([0.0, 0.0, 1.0])
-    assert {draw(p, rng) for _ in range(50)} == {2}
