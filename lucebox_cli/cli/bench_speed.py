@@ -1,0 +1,106 @@
+"""`lucebox bench speed MODEL -p 520 -n 128 -r 5`: llama-bench style pp/tg rows for one engine.
+
+Registered into the `bench` group by cli/bench.py (`register(bench_app)`); parses, calls the library
+(api.load_model / api.open_engine, bench.runner), prints rows. No math here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from lucebox_cli.cli.options import ProfileOpt
+from lucebox_cli.errors import UsageError
+
+EPILOG = """\
+Examples:
+
+\b
+  lucebox bench speed qwen3.5-0.8b                      # pp520 + tg128, 5 repetitions, markdown
+  lucebox bench speed ./random-0.8b -p 520 -n 128 -r 5 --json
+  lucebox bench speed model.gguf --engine cpu -p 16 -n 8 -r 1
+"""
+
+
+def _git_commit() -> Optional[str]:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _random_flag(model: Any) -> bool:
+    from lucebox_cli.models.qwen35 import read_hf_config
+
+    path = Path(model.path)
+    if path.is_dir():
+        return bool(read_hf_config(path).get("lucebox_random_weights", False))
+    try:
+        from lucebox_cli.gguf_io import GGUFModel
+
+        return bool(GGUFModel(path).metadata.get("lucebox.random_weights", False))
+    except Exception:
+        return False
+
+
+def run_speed(model_arg: str, *, n_prompt: int, n_gen: int, reps: int, engine: str, profile: Optional[str],
+              max_context: int, warmup: int) -> list[dict[str, Any]]:
+    """Load, open, measure; rows carry GPU, commit and the resolved config."""
+    from lucebox_cli import api
+    from lucebox_cli.bench.runner import speed_rows
+    from lucebox_cli.config import RunConfig
+
+    if n_prompt < 0 or n_gen < 0 or reps < 1 or (n_prompt == 0 and n_gen == 0):
+        raise UsageError("need -p >= 0, -n >= 0 (not both 0) and -r >= 1")
+    cfg = RunConfig(model=model_arg, engine=engine, profile=profile,
+                    max_context=max(max_context, n_prompt + n_gen + 1))
+    model = api.load_model(model_arg)
+    opened = api.open_engine(cfg, model)
+    try:
+        eng = opened.engine
+        prof = getattr(eng, "profile", None)
+        gpu = None
+        if eng.name != "cpu":
+            from lucebox_cli.engines import _lib
+
+            gpus = _lib.gpu_info()
+            gpu = gpus[0]["name"] if gpus else None
+        base = {"model": Path(model_arg).name, "random_weights": _random_flag(model),
+                "profile": getattr(prof, "name", None), "gpu": gpu, "commit": _git_commit(),
+                "note": opened.note, "config": cfg.to_dict(),
+                "engine_info": getattr(eng, "info", None)}
+        return speed_rows(model, eng, profile=prof, n_prompt=n_prompt, n_gen=n_gen, reps=reps, warmup=warmup,
+                          base=base)
+    finally:
+        opened.engine.close()
+
+
+def register(bench_app: typer.Typer) -> None:
+    @bench_app.command("speed", epilog=EPILOG)
+    def speed(
+        model: Annotated[str, typer.Argument(help="Alias, HF folder or .gguf file.")],
+        n_prompt: Annotated[int, typer.Option("-p", "--n-prompt", help="Prompt tokens (pp test); 0 skips it.")] = 520,
+        n_gen: Annotated[int, typer.Option("-n", "--n-gen", help="Generated tokens (tg test); 0 skips it.")] = 128,
+        reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
+        warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before each test.")] = 1,
+        engine: Annotated[str, typer.Option("--engine", help="auto | cuda | cpu")] = "auto",
+        profile: ProfileOpt = None,
+        max_context: Annotated[int, typer.Option("--max-context", help="KV cache rows.")] = 4096,
+        as_json: Annotated[bool, typer.Option("--json", help="JSON rows with raw samples.")] = False,
+        as_md: Annotated[bool, typer.Option("--md", help="Markdown table (default).")] = False,
+        as_csv: Annotated[bool, typer.Option("--csv", help="CSV.")] = False,
+    ) -> None:
+        """Prompt processing and generation speed, llama-bench style (warm-up excluded)."""
+        from lucebox_cli.bench.report import render
+
+        if as_json + as_md + as_csv > 1:
+            raise UsageError("choose one of --json, --md, --csv")
+        rows = run_speed(model, n_prompt=n_prompt, n_gen=n_gen, reps=reps, engine=engine, profile=profile,
+                         max_context=max_context, warmup=warmup)
+        typer.echo(render(rows, "json" if as_json else "csv" if as_csv else "md"), nl=False)
