@@ -168,9 +168,8 @@ class ReplayDraft:
 class DFlashDraftAdapter:
     """The DFlash draft behind the Draft protocol.
 
-    Before each proposal the target features of tokens committed since the last one (rows
-    draft.n_ctx … engine.n_past − 1) go into the draft's context K/V cache; the block then sits at
-    position engine.n_past.
+    Before each proposal the draft's context K/V follows the engine's committed feature rows
+    (projecting only rows committed since the last step); the block then sits at position n_past.
     """
 
     def __init__(self, draft, label: str = "dflash"):
@@ -185,19 +184,17 @@ class DFlashDraftAdapter:
     def propose(
         self, engine: Engine, committed: Sequence[int], bonus: int, top_k: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        have, n_past = self.draft.n_ctx, engine.n_past
-        if have < n_past:
-            self.draft.append_context(engine_features(engine, have, n_past), pos0=have)
-        return self.draft.propose(int(bonus), int(top_k), pos0=n_past)
+        self.draft.sync_context(engine_features(engine))
+        return self.draft.propose(int(bonus), int(top_k), pos0=engine.n_past)
 
 
-def engine_features(engine: Engine, start: int, stop: int) -> np.ndarray:
-    """[stop − start, n_taps · hidden] captured target features of committed positions start … stop−1.
+def engine_features(engine: Engine) -> np.ndarray:
+    """[n_past, n_taps · hidden] captured target features of the committed positions.
 
-    Engines that capture taps expose `features`: the committed rows [n_past, n_taps · hidden].
+    Engines that capture taps expose them as `features`; without taps the row width is 0.
     """
     features = getattr(engine, "features", None)
     if features is None or np.shape(features)[-1] == 0:
         raise UsageError(f"the {getattr(engine, 'name', '?')} engine does not capture the draft's target features",
                          hint="open the engine with the draft's tap layers, or use --draft replay[:RATE]")
-    return np.asarray(features[start:stop], dtype=np.float32)
+    return np.asarray(features, dtype=np.float32)

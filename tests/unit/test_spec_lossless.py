@@ -171,3 +171,148 @@ def test_parse_draft_arg():
     for bad in ("replay:x", "replay:1.5", "replay:-0.1"):
         with pytest.raises(UsageError):
             parse_draft_arg(bad)
+
+
+# ---- the CPU reference engine on tiny random Qwen3.5 checkpoints ----
+
+CPU_VOCAB = 1024
+CPU_PROMPTS = [list(np.random.default_rng(100 + s).integers(0, CPU_VOCAB, size=2 + 3 * s)) for s in range(3)]
+
+
+def write_random_dflash(folder, hidden: int, vocab: int, target_layers, seed: int = 0):
+    """A random z-lab DFlash folder (config.json + model.safetensors, HF names) for a tiny target."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from lucebox_cli.models import dflash_draft as dd
+
+    cfg = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
+        "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_target_layers": 4, "rms_norm_eps": 1e-6, "rope_theta": 1e7, "vocab_size": vocab,
+        "block_size": 16, "dflash_config": {"target_layer_ids": list(target_layers), "mask_token_id": vocab - 1},
+    }
+    top = {v: k for k, v in dd._TOP_NAMES.items()}
+    per_layer = {v: k for k, v in dd._LAYER_NAMES.items()}
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in dd.DFlashConfig.from_hf(cfg).tensor_shapes().items():
+        if name in top:
+            hf = top[name]
+        else:
+            _, i, rest = name.split(".", 2)
+            hf = f"layers.{i}.{per_layer[rest]}"
+        if len(shape) == 1:
+            tensors[hf] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            tensors[hf] = (rng.standard_normal(shape) * shape[1] ** -0.5).astype(np.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.fixture(scope="module", params=[(1, True), (3, False)], ids=["hv1-tied", "hv3-untied"])
+def cpu_model(request, tmp_path_factory):
+    from tiny_models import make_tiny_checkpoint
+
+    from lucebox_cli.models.qwen35 import load_hf_checkpoint
+
+    hv_ratio, tied = request.param
+    folder = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), hv_ratio=hv_ratio, tied=tied, vocab=CPU_VOCAB)
+    return load_hf_checkpoint(folder)
+
+
+def _cpu_engine(model, **kw):
+    from lucebox_cli.engines.cpu import CPUEngine
+
+    return CPUEngine(model[0], model[1], max_context=256, **kw)
+
+
+def _cpu_state(engine) -> dict[str, np.ndarray]:
+    """The committed state in use (the CPU engine's internals: KV rows 0..n−1, DeltaNet, conv, taps)."""
+    n = engine.n_past
+    out = {f"k{i}": c[:n] for i, c in engine._k_cache.items()}
+    out.update({f"v{i}": c[:n] for i, c in engine._v_cache.items()})
+    out.update({f"state{i}": s for i, s in engine._state.items()})
+    out.update({f"conv{i}": c for i, c in engine._conv.items()})
+    out["features"] = engine.features
+    return out
+
+
+def _rel_rms(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    denom = np.sqrt(np.mean(b**2)) if b.size else 0.0
+    return float(np.sqrt(np.mean((a - b) ** 2)) / denom) if denom > 0 else float(np.abs(a - b).max(initial=0.0))
+
+
+@pytest.mark.parametrize(
+    "spec,budget", [("chain", 15), ("ddtree", 4), ("ddtree", 22)], ids=["chain", "ddtree-B4", "ddtree-B22"]
+)
+def test_cpu_lossless_replay(cpu_model, spec, budget):
+    engine = _cpu_engine(cpu_model)
+    for i, prompt in enumerate(CPU_PROMPTS):
+        want = speculative_generate(engine, None, _cfg("none", max_tokens=32), prompt).tokens
+        # accept-none verifies one tree per token, the slowest case: once per model is enough here
+        for rate in (0.0, 0.3, 1.0) if budget == 4 else (0.0, 0.3):
+            res = speculative_generate(engine, ReplayDraft(rate, seed=i), _cfg(spec, budget=budget, max_tokens=32), prompt)
+            assert res.tokens == want, f"prompt {i} rate {rate}"
+            if rate == 0.0:
+                assert res.accept_lengths[:-1] == [min(budget, 15) + 1] * (len(res.accept_lengths) - 1)
+
+
+def test_cpu_lossless_random_dflash_draft(cpu_model, tmp_path):
+    from lucebox_cli.models.dflash_draft import DFlashDraft
+    from lucebox_cli.spec.drafts import DFlashDraftAdapter
+
+    cfg, weights = cpu_model
+    folder = write_random_dflash(tmp_path / "draft", cfg.hidden, CPU_VOCAB, target_layers=(1, 2))
+    head = weights["token_embd.weight" if cfg.tied else "output.weight"]
+    draft = DFlashDraftAdapter(DFlashDraft.from_path(folder, weights["token_embd.weight"], head))
+    engine = _cpu_engine(cpu_model, tap_layers=draft.tap_layers)
+    # a random draft is accepted about never: one full tree per token, so short runs
+    for prompt in CPU_PROMPTS[:2]:
+        want = speculative_generate(engine, None, _cfg("none", max_tokens=12), prompt).tokens
+        for spec in ("chain", "ddtree"):
+            res = speculative_generate(engine, draft, _cfg(spec, max_tokens=12), prompt)
+            assert res.tokens == want and res.draft == "dflash"
+
+
+@pytest.mark.parametrize("spec", ["chain", "ddtree"])
+def test_cpu_state_after_every_commit_equals_sequential(cpu_model, spec):
+    from lucebox_cli.engines.cpu import CPUEngine
+
+    class Checked(CPUEngine):
+        def prefill(self, token_ids):
+            self.fed = [int(t) for t in token_ids]
+            return super().prefill(token_ids)
+
+        def verify(self, tree):
+            self.last_tree = tree
+            return super().verify(tree)
+
+        def commit(self, accepted_slots):
+            super().commit(accepted_slots)
+            self.fed += self.last_tree.tokens[list(accepted_slots)].tolist()
+            ref.reset()
+            ref.prefill(self.fed[:n_prompt])
+            for t in self.fed[n_prompt:]:
+                ref.step(t)
+            mine, want = _cpu_state(self), _cpu_state(ref)
+            assert mine.keys() == want.keys()
+            for key in want:
+                # verify runs all slots through [N, hidden] matmuls, step() through [1, hidden] ones: BLAS
+                # may sum in another order, so equality holds to fp32 rounding, not bitwise
+                assert _rel_rms(mine[key], want[key]) < 1e-5, f"{key} after committing {accepted_slots}"
+            self.checked += 1
+
+    cfg, weights = cpu_model
+    taps = (1, 2)
+    engine = Checked(cfg, weights, max_context=256, tap_layers=taps)
+    engine.checked = 0
+    ref = CPUEngine(cfg, weights, max_context=256, tap_layers=taps)
+    prompt = CPU_PROMPTS[1]
+    n_prompt = len(prompt)
+    res = speculative_generate(engine, ReplayDraft(0.3, seed=1), _cfg(spec, max_tokens=40), prompt)
+    assert engine.checked == res.steps - 1 >= 5
