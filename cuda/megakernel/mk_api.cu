@@ -33,8 +33,8 @@ int choose_geometry(Handle* H) {
     // Shared memory per block: the opt-in limit, shared between co-resident blocks of one SM.
     size_t budget = prop.sharedMemPerBlockOptin;
     if (bps > 1) budget = std::min(budget, prop.sharedMemPerMultiprocessor / bps - 1024);
-    int nslots = (int)((budget - smem_bytes(0)) / (SLOT_BYTES + 8));
-    nslots = std::min(nslots, 16);
+    int nslots = (int)((budget - smem_bytes(0)) / SLOT_BYTES);
+    nslots = std::min(nslots, MAX_SLOTS);
     if (nslots < 2)
         return lb::set_error(LB_ERR_UNSUPPORTED, "megakernel: %zu B of shared memory per block is too little", budget);
     LB_CUDA_TRY((cudaError_t)prepare(nslots));

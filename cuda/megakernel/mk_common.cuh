@@ -29,6 +29,7 @@ constexpr int AT_O = AT_HQ * AT_D;              // 2048
 constexpr int AT_PART = AT_D + 2;               // one split's partial: m, l, acc[256]
 constexpr int ROPE_HALF = 32;                   // rotated dims [0, 64): i pairs with i + 32
 constexpr int SLOT_BYTES = 16384;               // one weight chunk in the shared-memory ring
+constexpr int MAX_SLOTS = 16;                   // mbarrier area is fixed: keeps xs 16-byte aligned
 constexpr int XS_FLOATS = FFN;                  // GEMV input vector (the widest K)
 constexpr int MAX_RPC = SLOT_BYTES / (2 * HID);  // rows per chunk at K = 1024
 
@@ -94,7 +95,7 @@ struct Smem {
 };
 
 __host__ __device__ constexpr inline size_t smem_bytes(int nslots) {
-    return (size_t)nslots * SLOT_BYTES + (size_t)nslots * 8 + XS_FLOATS * 4 + 2 * MAX_RPC * 4 + 2 * WARPS * 4 + 8 * 4;
+    return (size_t)nslots * SLOT_BYTES + MAX_SLOTS * 8 + XS_FLOATS * 4 + 2 * MAX_RPC * 4 + 2 * WARPS * 4 + 8 * 4;
 }
 
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }

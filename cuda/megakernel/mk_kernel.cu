@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
     Smem sm;
     sm.slots = smem_raw;
     sm.mbar = reinterpret_cast<uint64_t*>(smem_raw + (size_t)P.nslots * SLOT_BYTES);
-    sm.xs = reinterpret_cast<float*>(sm.mbar + P.nslots);
+    sm.xs = reinterpret_cast<float*>(sm.mbar + MAX_SLOTS);
     sm.acc = sm.xs + XS_FLOATS;
     sm.red = sm.acc + 2 * MAX_RPC;
     sm.misc = reinterpret_cast<int*>(sm.red + 2 * WARPS);
