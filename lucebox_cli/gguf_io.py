@@ -270,6 +270,8 @@ class GGUFModel:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a flat read-only uint8 view of the memory map (no copy)."""
         info = self.tensor_info(name)
+        if self._mm is None:
+            raise LuceboxError(f"{self.path} was closed")
         return np.asarray(self._mm[info.offset : info.offset + info.nbytes])
 
     def dequant(self, name: str) -> np.ndarray:
