@@ -181,9 +181,9 @@ class Qwen35Config:
             conv_kernel=int(key("ssm.conv_kernel")),
             ffn=int(key("feed_forward_length")),
             vocab=int(vocab),
-            rope_theta=float(key("rope.freq_base")),
+            rope_theta=_from_f32(key("rope.freq_base")),
             rope_dims=int(key("rope.dimension_count")),
-            eps=float(key("attention.layer_norm_rms_epsilon")),
+            eps=_from_f32(key("attention.layer_norm_rms_epsilon")),
             tied=bool(tied) if tied is not None else False,
             layer_types=kinds,
             full_attention_interval=every,
@@ -218,6 +218,11 @@ class Qwen35Config:
             f"{a}.full_attention_interval": self.full_attention_interval,
             f"{a}.vocab_size": self.vocab,
         }
+
+
+def _from_f32(value: Any) -> float:
+    """GGUF stores these as float32: take the shortest decimal that round-trips (1e-06, not 9.99e-07)."""
+    return float(str(np.float32(value)))
 
 
 def _interval_of(kinds: tuple[str, ...]) -> int | None:
