@@ -35,11 +35,42 @@ COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
 ]
 
 
-def render(rows: Sequence[dict[str, Any]], fmt: str = "md") -> str:
+def _spec(row: dict[str, Any]) -> str:
+    mode = row.get("spec") or "none"
+    if mode == "none":
+        return "AR"
+    budget = f" B={row['budget']}" if row.get("budget") is not None else ""
+    return f"{mode}{budget} ({row.get('draft')})"
+
+
+def _suite_rate(row: dict[str, Any]) -> str:
+    # a per-prompt row is one measurement: no spread to show
+    return _rate(row) if row.get("prompt") == "mean" else f"{row['tok_s']:,.2f}"
+
+
+# suite rows (bench/suites.py): one per prompt and mode, then a mean row per mode
+SUITE_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    ("model", lambda r: str(r.get("model", ""))),
+    ("engine", lambda r: str(r.get("engine", ""))),
+    ("suite", lambda r: str(r.get("suite", ""))),
+    ("prompt", lambda r: str(r.get("prompt", ""))),
+    ("spec", _spec),
+    ("tokens", lambda r: str(r.get("generated", ""))),
+    ("t/s", _suite_rate),
+    ("AL", lambda r: _num(".2f")(r.get("al"))),
+    ("speedup", lambda r: _num(".2f")(r.get("speedup")) + "×"),
+    ("= AR", lambda r: "yes" if r.get("matches_ar") else "NO"),
+]
+_NUMERIC = ("t/s", "GB/s", "% bw", "tok/J", "tokens", "AL", "speedup")
+
+
+def render(rows: Sequence[dict[str, Any]], fmt: str = "md", columns=None) -> str:
+    """Rows as md / csv (the `columns`, COLUMNS by default) or json (every key)."""
     if fmt == "json":
         return json.dumps(list(rows), indent=2, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o))
-    table = [[get(r) for _, get in COLUMNS] for r in rows]
-    heads = [h for h, _ in COLUMNS]
+    columns = COLUMNS if columns is None else columns
+    table = [[get(r) for _, get in columns] for r in rows]
+    heads = [h for h, _ in columns]
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf)
@@ -48,6 +79,6 @@ def render(rows: Sequence[dict[str, Any]], fmt: str = "md") -> str:
         return buf.getvalue()
     if fmt != "md":
         raise ValueError(f"unknown format {fmt!r}: md, csv or json")
-    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---:" if h in ("t/s", "GB/s", "% bw", "tok/J") else "---" for h in heads) + "|"]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---:" if h in _NUMERIC else "---" for h in heads) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table]
     return "\n".join(lines) + "\n"

@@ -36,6 +36,7 @@ COMMAND_MODULES: list[str] = [
     "build",
     "pull",
     "run",
+    "bench",
 ]
 
 

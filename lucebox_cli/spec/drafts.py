@@ -117,8 +117,9 @@ class ReplayDraft:
         return f"replay:{self.rate:g}"
 
     def start(self, engine: Engine, prompt_ids: Sequence[int], horizon: int) -> None:
-        self._rng = np.random.default_rng(self.seed)
         self._prompt = [int(t) for t in prompt_ids]
+        # corruption differs between prompts but is fixed by (seed, prompt)
+        self._rng = np.random.default_rng([int(self.seed), len(self._prompt)] + self._prompt[-8:])
         self._horizon = max(int(horizon), 1)
         ref_engine = self.oracle if self.oracle is not None else engine
         self._ref, self._vocab = _greedy_continuation(ref_engine, self._prompt, self._horizon)
