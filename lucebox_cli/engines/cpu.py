@@ -425,15 +425,23 @@ class CPUEngine:
         return y.reshape(t_len, cfg.hv * cfg.dv) @ w[b + "ssm_out.weight"].T
 
 
-def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Masked softmax attention with GQA: q [T, H, hd]; keys/values [S, Hkv, hd]; mask [T, S] -> [T, H, hd]."""
+def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray, block: int = 256) -> np.ndarray:
+    """Masked softmax attention with GQA: q [T, H, hd]; keys/values [S, Hkv, hd]; mask [T, S] -> [T, H, hd].
+
+    Queries go in blocks so a long prefill never holds all [H, T, S] scores at once.
+    """
     t_len, n_heads, hd = q.shape
     n_kv = keys.shape[1]
     group = n_heads // n_kv  # head h reads kv head h // group
-    qg = q.reshape(t_len, n_kv, group, hd).transpose(1, 2, 0, 3)  # [Hkv, g, T, hd]
-    scores = qg @ keys.transpose(1, 2, 0)[:, None] / np.float32(np.sqrt(hd))  # [Hkv, g, T, S]
-    scores = np.where(mask, scores, -np.inf)
-    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs = scores / scores.sum(axis=-1, keepdims=True)
-    out = probs @ values.transpose(1, 0, 2)[:, None]  # [Hkv, g, T, hd]
-    return out.transpose(2, 0, 1, 3).reshape(t_len, n_heads, hd).astype(np.float32)
+    k_t = keys.transpose(1, 2, 0)[:, None]  # [Hkv, 1, hd, S]
+    v_h = values.transpose(1, 0, 2)[:, None]  # [Hkv, 1, S, hd]
+    out = np.empty((t_len, n_heads, hd), dtype=np.float32)
+    for t0 in range(0, t_len, block):
+        rows = slice(t0, min(t0 + block, t_len))
+        n = rows.stop - rows.start
+        qg = q[rows].reshape(n, n_kv, group, hd).transpose(1, 2, 0, 3)  # [Hkv, g, n, hd]
+        scores = np.where(mask[rows], qg @ k_t / np.float32(np.sqrt(hd)), -np.inf)  # [Hkv, g, n, S]
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        o = (scores / scores.sum(axis=-1, keepdims=True)) @ v_h  # [Hkv, g, n, hd]
+        out[rows] = o.transpose(2, 0, 1, 3).reshape(n, n_heads, hd)
+    return out

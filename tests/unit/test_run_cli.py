@@ -19,6 +19,7 @@ transformers_qwen = pytest.importorskip("transformers.models.qwen3_5")
 
 STRUCTURES = {"Hk2-Hv2-tied": dict(hv_ratio=1, tied=True), "Hk2-Hv6-untied": dict(hv_ratio=3, tied=False)}
 PROMPT = [9707, 11, 1879, 0, 248045, 872, 198]
+REAL_LOAD_MODEL = api.load_model  # before the module's memoising patch
 
 
 def run_cli(*args: str):
@@ -134,3 +135,29 @@ def test_missing_model_is_a_clear_error(tmp_path):
     result = run_cli(str(tmp_path / "nope"), "--prompt-ids", "1")
     assert result.exit_code != 0 and "no such file" in result.stderr
     assert np.all([line.startswith(("error:", "hint:")) for line in result.stderr.strip().splitlines()])
+
+
+def test_alias_resolves_through_the_local_cache(checkpoint, monkeypatch):
+    """An alias goes registry.resolve -> hub.find_local (never the network) -> target/tokenizer dirs."""
+    from lucebox_cli import hub
+
+    folder, _ = checkpoint
+    if "Hv6" not in folder.name:
+        pytest.skip("the wiring is the same for both structures")
+    files = tuple(
+        hub.PulledFile("Qwen/Qwen3.5-0.8B", p.name, p.stat().st_size, p, role)
+        for p in sorted(folder.iterdir())
+        for role in (("tokenizer",) if p.name == "tokenizer.json" else ("target",))
+    )
+    repo = hub.RepoResult("Qwen/Qwen3.5-0.8B", "main", "0" * 40, ("target", "tokenizer"), folder)
+    asked = []
+
+    def find_local(spec, include=None, offline=None):
+        asked.append(spec.alias or spec.name)
+        return hub.PullResult(spec.name, (repo,), files, None, offline=True)
+
+    monkeypatch.setattr(hub, "find_local", find_local)
+    model = REAL_LOAD_MODEL("qwen3.5-0.8b")
+    assert asked and model.path == folder and model.format == "safetensors"
+    assert model.tokenizer is not None and model.draft_path is None
+    assert model.eos_ids == (model.tokenizer.im_end_id, model.tokenizer.endoftext_id)
