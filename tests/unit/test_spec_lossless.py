@@ -316,3 +316,33 @@ def test_cpu_state_after_every_commit_equals_sequential(cpu_model, spec):
     n_prompt = len(prompt)
     res = speculative_generate(engine, ReplayDraft(0.3, seed=1), _cfg(spec, max_tokens=40), prompt)
     assert engine.checked == res.steps - 1 >= 5
+
+
+# ---- `lucebox run --spec` end to end ----
+
+
+def test_run_cli_spec_equals_none(tmp_path):
+    import json
+
+    from tiny_models import make_tiny_checkpoint
+    from typer.testing import CliRunner
+
+    from lucebox_cli.cli.app import make_app
+
+    model = make_tiny_checkpoint(tmp_path / "m", hv_ratio=3, tied=False)
+    draft = write_random_dflash(tmp_path / "d", hidden=64, vocab=248320, target_layers=(1, 2))
+    base = ["run", str(model), "--engine", "cpu", "--prompt-ids", "9707,11,1879,25,220", "--max-tokens", "20",
+            "--json"]
+
+    def run(*extra):
+        res = CliRunner().invoke(make_app(), base + list(extra))
+        assert res.exit_code == 0, (res.output, res.exception)
+        return json.loads(res.output)
+
+    want = run()["tokens"]
+    dflash = run("--draft", str(draft), "--spec", "ddtree", "--budget", "22")
+    assert dflash["tokens"] == want and dflash["stats"]["draft"].startswith("dflash")
+    replay = run("--draft", "replay:0.1", "--spec", "ddtree", "--budget", "22")
+    stats = replay["stats"]
+    assert replay["tokens"] == want and stats["draft"] == "replay:0.1"
+    assert stats["al_mean"] > 3 and sum(stats["al_hist"].values()) == stats["steps"] and stats["tok_per_s"] > 0
