@@ -215,9 +215,14 @@ def generate(
     prompt: Optional[str] = None,
     on_token: Optional[TokenCallback] = None,
     model: Optional[LoadedModel] = None,
+    opened: Optional[OpenedEngine] = None,
 ) -> GenerationResult:
-    """Generate after `prompt_ids` (or the encoded text `prompt`); on_token(id, text) streams each token."""
-    model = model if model is not None else load_model(cfg.model)
+    """Generate after `prompt_ids` (or the encoded text `prompt`); on_token(id, text) streams each token.
+
+    Pass `opened` (from open_engine, with the draft's tap layers if any) to reuse one engine across
+    calls (bench); it is then left open. Otherwise an engine is opened for this call and closed.
+    """
+    model = opened.model if opened is not None else model if model is not None else load_model(cfg.model)
     if prompt_ids is None:
         if prompt is None:
             raise UsageError("no prompt given", hint="give --prompt TEXT or --prompt-ids 1,2,3")
@@ -225,7 +230,9 @@ def generate(
     prompt_ids = [int(t) for t in prompt_ids]
     t0 = time.perf_counter()
     draft_setup = _draft_setup(cfg, model)
-    opened = open_engine(cfg, model, tap_layers=draft_setup[0] if draft_setup else ())
+    owned = opened is None
+    if owned:
+        opened = open_engine(cfg, model, tap_layers=draft_setup[0] if draft_setup else ())
     load_s = time.perf_counter() - t0
     try:
         draft = draft_setup[1](opened.engine) if draft_setup else None
@@ -239,7 +246,8 @@ def generate(
         if on_token is not None and stream is not None and (tail := stream.flush()):
             on_token(-1, tail)  # id -1: text held back at the end, not a token
     finally:
-        opened.engine.close()
+        if owned:
+            opened.engine.close()
     text = model.tokenizer.decode(result.tokens) if model.tokenizer is not None else ""
     stats = {**result.stats(), "engine": opened.engine.name, "note": opened.note, "load_s": round(load_s, 3)}
     return GenerationResult(prompt_ids, list(result.tokens), text, stats)

@@ -31,7 +31,7 @@ def delta_inputs(t_len: int, hk: int, hv: int, dk: int = 16, dv: int = 12, seed:
     return q, k, v, g, beta, state
 
 
-@pytest.mark.parametrize("hk,hv,t_len", [(2, 2, 1), (2, 6, 23), (3, 3, 64), (2, 6, 65), (1, 3, 131)],
+@pytest.mark.parametrize("hk,hv,t_len", [(2, 2, 1), (2, 6, 23), (3, 3, 64), (2, 6, 65), (1, 3, 131), (2, 6, 517)],
                          ids=lambda x: str(x))
 def test_gated_delta_chunked_equals_recurrent(hk, hv, t_len):
     q, k, v, g, beta, state = delta_inputs(t_len, hk, hv)

@@ -100,8 +100,11 @@ def test_sampling_is_seeded_and_spec_is_lossless(checkpoint):
     folder, want = checkpoint
     model = api.load_model(str(folder))
     base = RunConfig(model=str(folder), engine="cpu", max_tokens=16, stop_at_eos=False)
-    sampled = [api.generate(base.replace(temperature=1.0, top_k=40, seed=5), PROMPT, model=model).tokens for _ in range(2)]
-    assert sampled[0] == sampled[1]
+    hot = base.replace(temperature=1.0, top_k=40, seed=5)
+    opened = api.open_engine(hot, model)
+    sampled = [api.generate(hot, PROMPT, opened=opened).tokens for _ in range(2)]
+    sampled.append(api.generate(hot, PROMPT, model=model).tokens)
+    assert sampled[0] == sampled[1] == sampled[2] and sampled[0] != want
     streamed: list[int] = []
     spec = base.replace(spec="ddtree", draft="replay:0.3", budget=6)
     res = api.generate(spec, PROMPT, model=model, on_token=lambda t, piece: streamed.append(t))
