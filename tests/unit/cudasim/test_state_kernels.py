@@ -5,6 +5,9 @@ test modules of the same pytest process (GPU tests there want the real driver). 
 pytest process this module holds one test that re-runs this very file in a subprocess with the simulator
 switched on; inside that subprocess the real, parametrized tests run. The twins are also checked against
 the definition (sequential one-token bookkeeping), so kernel == twin == definition.
+
+On a machine with a GPU the same tests run on the real device with
+`LUCEBOX_STATE_KERNELS_ON_GPU=1 python -m pytest tests/unit/cudasim/test_state_kernels.py`.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import numpy as np
 import pytest
 
 IN_SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+ON_GPU = os.environ.get("LUCEBOX_STATE_KERNELS_ON_GPU") == "1"
 
-if not IN_SIM:
+if not (IN_SIM or ON_GPU):
 
     def test_state_kernels_under_the_simulator():
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
@@ -41,7 +45,8 @@ else:
     def _fast_simulator():
         # the simulator hands the GIL between its per-thread Python threads; switch often
         old = sys.getswitchinterval()
-        sys.setswitchinterval(1e-6)
+        if IN_SIM:
+            sys.setswitchinterval(1e-6)
         yield
         sys.setswitchinterval(old)
 
