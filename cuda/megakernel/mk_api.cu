@@ -164,7 +164,7 @@ void destroy(Handle* H) {
 extern "C" LB_API int lb_mk_create(const lb_mk_config_t* cfg, void** handle) {
     LB_CHECK_ARG(cfg && handle, "null argument");
     *handle = nullptr;
-    LB_CHECK_ARG(cfg->n_layers >= 1 && cfg->n_layers <= 256, "n_layers out of range");
+    LB_CHECK_ARG(cfg->n_layers >= 1 && cfg->n_layers <= MAX_LAYERS, "n_layers must be 1..24");
     LB_CHECK_ARG(cfg->vocab >= 1, "vocab must be positive");
     LB_CHECK_ARG(cfg->max_context >= 1, "max_context must be positive");
     if (cfg->threads != 0 && cfg->threads != THREADS)

@@ -30,6 +30,8 @@ constexpr int AT_PART = AT_D + 2;               // one split's partial: m, l, ac
 constexpr int ROPE_HALF = 32;                   // rotated dims [0, 64): i pairs with i + 32
 constexpr int SLOT_BYTES = 16384;               // one weight chunk in the shared-memory ring
 constexpr int MAX_SLOTS = 16;                   // mbarrier area is fixed: keeps xs 16-byte aligned
+constexpr int MAX_LAYERS = 24;                  // the per-block phase table lives in shared memory
+constexpr int MAX_PHASES = 4 * MAX_LAYERS + 1;
 constexpr int XS_FLOATS = FFN;                  // GEMV input vector (the widest K)
 constexpr int MAX_RPC = SLOT_BYTES / (2 * HID);  // rows per chunk at K = 1024
 
@@ -85,7 +87,14 @@ struct Params {
 
 // Dynamic shared memory: ring slots, then the GEMV input vector (reused as phase scratch), then small
 // arrays. The host computes nslots from the device's opt-in limit.
+// One GEMV phase as this block sees it: matrix, row range, width (computed once per launch).
+struct __align__(16) PhaseDesc {
+    const uint16_t* w;
+    int r0, r1, K, pad[3];  // 32 bytes: keeps what follows 16-byte aligned
+};
+
 struct Smem {
+    PhaseDesc* ph;  // [MAX_PHASES]
     uint8_t* slots;
     uint64_t* mbar;
     float* xs;    // [XS_FLOATS]
@@ -95,7 +104,8 @@ struct Smem {
 };
 
 __host__ __device__ constexpr inline size_t smem_bytes(int nslots) {
-    return (size_t)nslots * SLOT_BYTES + MAX_SLOTS * 8 + XS_FLOATS * 4 + 2 * MAX_RPC * 4 + 2 * WARPS * 4 + 8 * 4;
+    return (size_t)nslots * SLOT_BYTES + MAX_SLOTS * 8 + XS_FLOATS * 4 + 2 * MAX_RPC * 4 + 2 * WARPS * 4 + 8 * 4 +
+           MAX_PHASES * sizeof(PhaseDesc);
 }
 
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
@@ -156,12 +166,29 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
     asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#if LB_DEVICE_ARCH >= 900
+    // make the initialised barrier visible to the bulk copy engine (async proxy)
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
 }
 
 // The mbarrier completes its phase once every thread's earlier cp.async copies have landed.
 __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
+
+#if LB_DEVICE_ARCH >= 900
+// sm_90: one thread moves a whole chunk with the bulk copy engine; the mbarrier counts its bytes.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+    // the slot was just read through the generic proxy; order those reads before the async write
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
+}
+#endif
 
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
     uint32_t done = 0;

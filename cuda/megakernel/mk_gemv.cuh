@@ -20,7 +20,19 @@ struct Ring {
     int pp;      // producer: GEMV phase index within a step, [0, 4 * n_layers]
     int prow;    // producer: next row to issue in phase pp
     int psteps;  // producer: steps left to prefetch, the current one included
+    int hslot;   // slot of the next issue (head % nslots)
+    int tslot;   // slot of the next consume (tail % nslots)
+    unsigned tpar;  // mbarrier phase parity expected at tslot
 };
+
+// mbarrier arrivals per phase: one bulk-copy arrival on sm_90, every thread's cp.async arrival before.
+__device__ __forceinline__ unsigned mbar_count() {
+#if LB_DEVICE_ARCH >= 900
+    return 1;
+#else
+    return THREADS;
+#endif
+}
 
 __device__ __forceinline__ int n_gemv_phases(const Params& P) { return 4 * P.n_layers + 1; }
 
@@ -45,32 +57,43 @@ __device__ __forceinline__ int row_begin(int M) { return (int)((long long)M * bl
 __device__ __forceinline__ int row_end(int M) { return (int)((long long)M * (blockIdx.x + 1) / gridDim.x); }
 __device__ __forceinline__ int rows_per_chunk(int K) { return SLOT_BYTES / (2 * K); }
 
-// Issue chunks until the ring is full or nothing is left to prefetch. Called by all threads with
-// identical cursors; each thread copies its 16-byte pieces and arms the slot's mbarrier.
-__device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring& R) {
-    while (R.psteps > 0 && R.head - R.tail < P.nslots) {
+// Per-block phase table, filled once per launch (avoids 64-bit divisions per chunk).
+__device__ __forceinline__ void build_phase_table(const Params& P, const Smem& sm) {
+    for (int pp = threadIdx.x; pp < n_gemv_phases(P); pp += THREADS) {
         const uint16_t* w;
         int M, K;
-        gemv_desc(P, R.pp, w, M, K);
-        const int r1 = row_end(M);
-        const int n = min(rows_per_chunk(K), r1 - R.prow);
+        gemv_desc(P, pp, w, M, K);
+        sm.ph[pp] = PhaseDesc{w, row_begin(M), row_end(M), K, {0, 0, 0}};
+    }
+}
+
+// Issue chunks until the ring is full or nothing is left to prefetch. Called by all threads with
+// identical cursors. sm_90: thread 0 issues one bulk copy per chunk (the copy engine keeps far more
+// bytes in flight than per-thread cp.async); older archs: each thread copies its 16-byte pieces.
+__device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring& R) {
+    while (R.psteps > 0 && R.head - R.tail < P.nslots) {
+        const PhaseDesc d = sm.ph[R.pp];
+        const int n = min(rows_per_chunk(d.K), d.r1 - R.prow);
         if (n > 0) {
-            const int slot = R.head % P.nslots;
-            const uint8_t* src = reinterpret_cast<const uint8_t*>(w + (size_t)R.prow * K);
-            uint8_t* dst = sm.slots + (size_t)slot * SLOT_BYTES;
-            const int bytes = n * K * 2;
+            const uint8_t* src = reinterpret_cast<const uint8_t*>(d.w + (size_t)R.prow * d.K);
+            uint8_t* dst = sm.slots + (size_t)R.hslot * SLOT_BYTES;
+            const int bytes = n * d.K * 2;
+#if LB_DEVICE_ARCH >= 900
+            if (threadIdx.x == 0) bulk_copy(dst, src, bytes, &sm.mbar[R.hslot]);
+#else
             for (int off = threadIdx.x * 16; off < bytes; off += THREADS * 16) cp_async16(dst + off, src + off);
-            mbar_arrive_cp_async(&sm.mbar[slot]);
+            mbar_arrive_cp_async(&sm.mbar[R.hslot]);
+#endif
             R.head++;
+            R.hslot = R.hslot + 1 == P.nslots ? 0 : R.hslot + 1;
             R.prow += n;
         }
-        if (R.prow >= r1) {
+        if (R.prow >= d.r1) {
             if (++R.pp == n_gemv_phases(P)) {
                 R.pp = 0;
                 R.psteps--;
             }
-            gemv_desc(P, R.pp, w, M, K);
-            R.prow = row_begin(M);
+            R.prow = sm.ph[R.pp].r0;
         }
     }
 }
@@ -79,17 +102,15 @@ __device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring&
 // (called by thread t < rows-in-chunk for row t of the chunk). xs must be ready in shared memory.
 template <class Epi>
 __device__ __forceinline__ void gemv_run(const Params& P, const Smem& sm, Ring& R, int pp, Epi epi) {
-    const uint16_t* w;
-    int M, K;
-    gemv_desc(P, pp, w, M, K);
-    const int r0 = row_begin(M), r1 = row_end(M);
+    const PhaseDesc d = sm.ph[pp];
+    const int r0 = d.r0, r1 = d.r1, K = d.K;
     const int rpc = rows_per_chunk(K);
     const int segs = K >> 8;  // 256-element segments: one warp pass of 16-byte loads
     const int lane = lb::lane_id(), warp = lb::warp_id();
     for (int row = r0; row < r1; row += rpc) {
         const int n = min(rpc, r1 - row);
-        const int slot = R.tail % P.nslots;
-        mbar_wait(&sm.mbar[slot], (unsigned)(R.tail / P.nslots) & 1u);
+        const int slot = R.tslot;
+        mbar_wait(&sm.mbar[slot], R.tpar);
         float* acc = sm.acc + (R.tail & 1) * MAX_RPC;
         const uint16_t* ws = reinterpret_cast<const uint16_t*>(sm.slots + (size_t)slot * SLOT_BYTES);
         for (int it = warp; it < n * segs; it += WARPS) {
@@ -117,6 +138,10 @@ __device__ __forceinline__ void gemv_run(const Params& P, const Smem& sm, Ring& 
             epi(row + (int)threadIdx.x, v);
         }
         R.tail++;
+        if (++R.tslot == P.nslots) {
+            R.tslot = 0;
+            R.tpar ^= 1u;
+        }
         ring_fill(P, sm, R);
     }
 }

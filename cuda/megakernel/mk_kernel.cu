@@ -93,11 +93,13 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
     Smem sm;
     sm.slots = smem_raw;
     sm.mbar = reinterpret_cast<uint64_t*>(smem_raw + (size_t)P.nslots * SLOT_BYTES);
-    sm.xs = reinterpret_cast<float*>(sm.mbar + MAX_SLOTS);
+    sm.ph = reinterpret_cast<PhaseDesc*>(sm.mbar + MAX_SLOTS);
+    sm.xs = reinterpret_cast<float*>(sm.ph + MAX_PHASES);
     sm.acc = sm.xs + XS_FLOATS;
     sm.red = sm.acc + 2 * MAX_RPC;
     sm.misc = reinterpret_cast<int*>(sm.red + 2 * WARPS);
-    if (threadIdx.x < (unsigned)P.nslots) mbar_init(&sm.mbar[threadIdx.x], THREADS);
+    if (threadIdx.x < (unsigned)P.nslots) mbar_init(&sm.mbar[threadIdx.x], mbar_count());
+    build_phase_table(P, sm);
     if (threadIdx.x < 2 * MAX_RPC) sm.acc[threadIdx.x] = 0.0f;
     __syncthreads();
 
@@ -105,7 +107,9 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
     R.head = R.tail = 0;
     R.pp = 0;
     R.psteps = P.n_steps;
-    R.prow = row_begin(P.layers[0].m_in);
+    R.prow = sm.ph[0].r0;
+    R.hslot = R.tslot = 0;
+    R.tpar = 0;
     ring_fill(P, sm, R);  // the first weights stream while the first token is looked up
 
     unsigned bt = 0;
