@@ -50,6 +50,8 @@ def sorted_table(logprobs: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.
         lp, tok = lp[:, None], tok[:, None]
     if lp.shape != tok.shape or lp.ndim != 2:
         raise ValueError(f"log-prob table {lp.shape} and id table {tok.shape} must both be [L, K]")
+    if lp.shape[1] < 2 or bool(np.all(lp[:, :-1] >= lp[:, 1:])):
+        return lp, tok
     order = np.argsort(-lp, axis=1, kind="stable")
     return np.take_along_axis(lp, order, axis=1), np.take_along_axis(tok, order, axis=1)
 
@@ -67,10 +69,12 @@ def build_ddtree(
     `budget` counts nodes besides the root; depth is capped at min(L, max_depth). With `chain_seed`
     off, the construction is pure best-first (kept for comparison in tests and benchmarks).
     """
-    lp, tok = sorted_table(logprobs, ids)
-    n_depth = min(lp.shape[0], max_depth)
-    n_rank = lp.shape[1]
+    lp_arr, tok_arr = sorted_table(logprobs, ids)
+    n_depth = min(lp_arr.shape[0], max_depth)
+    n_rank = lp_arr.shape[1]
     budget = max(0, int(budget)) if n_depth > 0 else 0
+    # Python lists: scalar indexing into numpy arrays would dominate the loop below
+    lp, tok = lp_arr.tolist(), tok_arr.tolist()
 
     tokens = [int(root_token)]
     parents = [-1]
@@ -82,18 +86,18 @@ def build_ddtree(
     tie = 0
 
     def add(depth: int, rank: int, parent: int) -> int:
-        tokens.append(int(tok[depth - 1, rank]))
+        tokens.append(tok[depth - 1][rank])
         parents.append(parent)
         depths.append(depth)
         ranks.append(rank)
-        scores.append(scores[parent] + float(lp[depth - 1, rank]))
+        scores.append(scores[parent] + lp[depth - 1][rank])
         return len(tokens) - 1
 
     def push(depth: int, rank: int, parent: int) -> None:
         nonlocal tie
         if depth > n_depth or rank >= n_rank:
             return
-        heapq.heappush(heap, (-(scores[parent] + float(lp[depth - 1, rank])), tie, depth, rank, parent))
+        heapq.heappush(heap, (-(scores[parent] + lp[depth - 1][rank]), tie, depth, rank, parent))
         tie += 1
 
     if chain_seed:
