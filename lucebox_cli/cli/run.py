@@ -113,7 +113,8 @@ def _print_stats(stats: dict) -> None:
     line = (f"prompt {stats['prompt_tokens']} tokens, generated {stats['generated_tokens']} tokens, "
             f"{stats['tok_per_s']:.2f} tok/s ({stats['engine']} engine")
     if stats.get("mode") not in (None, "none"):
-        line += f", {stats['mode']} with {stats['draft']}, acceptance length {stats['al_mean']:.2f}"
+        line += (f", {stats['mode']} with {stats['draft']}, {stats['steps']} steps, "
+                 f"acceptance length {stats['al_mean']:.2f}")
     console.print(line + ")", markup=False, soft_wrap=True)
 
 
