@@ -35,6 +35,7 @@ COMMAND_MODULES: list[str] = [
     "doctor",
     "build",
     "pull",
+    "quantize",
     "run",
     "bench",
 ]

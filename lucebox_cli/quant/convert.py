@@ -286,11 +286,13 @@ def quantize(
     allow_requantize: bool = False,
     progress: ProgressFn | None = None,
     *,
-    overwrite: bool = True,
+    overwrite: bool = False,
 ) -> QuantReport:
     """Convert an HF Qwen3.5 folder or a qwen35 GGUF into a GGUF of file type `qtype`.
 
-    `progress(done_bytes, total_bytes, tensor_name)` is called after each tensor is written.
+    `out` None means `default_output(src, qtype)`. An existing `out` is replaced only with
+    `overwrite`; the input itself never is. `progress(done_bytes, total_bytes, tensor_name)` is
+    called after each tensor is written.
     """
     from lucebox_cli.gguf_io import QuantTensor, TensorPlan, TensorStream, write_gguf
 
