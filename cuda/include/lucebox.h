@@ -87,6 +87,44 @@ LB_API int lb_cuda_versions(int* driver_version, int* runtime_version);
  * Ops (cuda/ops/*.cu): one section per op, reachable from Python for tests.
  * ================================================================================================ */
 
+/* ---- Quantized matrix ops (cuda/ops/gemv_q.cu, gemm_q_smalln.cu, quant_repack.cu) ------------
+ * qtype is the ggml type id: 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K. W [n_rows, k] is in the DEVICE layout
+ * (cuda/common/quant_blocks.cuh): the GGUF bytes for Q4_K / Q5_K; for Q6_K and Q8_0 the blocks with
+ * their fp16 d moved to a trailing array (same byte count), made on the GPU by lb_quant_repack from the
+ * GGUF bytes. k must be a multiple of 256. x / y are fp32 device pointers; X and Y of the small-N
+ * form are column-major: vector j at X + j*k and Y + j*n_rows. accumulate = 0 writes y = W·x (zeroing
+ * y first), 1 adds W·x to y (a fused residual add). fp16 dequantized weights and activations into fp32
+ * tensor-core accumulation; split-K partial sums are added with fp32 atomics, so results are
+ * reproducible to rounding, not bitwise. Launches return at once. */
+#define LB_QT_Q8_0 8
+#define LB_QT_Q4_K 12
+#define LB_QT_Q5_K 13
+#define LB_QT_Q6_K 14
+
+/* Bytes of a [n_rows, k] tensor of qtype (GGUF and device layout alike); 0 for a bad shape or type. */
+LB_API uint64_t lb_quant_bytes(int qtype, int n_rows, int k);
+/* GGUF bytes (device, src) → device layout (dst, another buffer). */
+LB_API int lb_quant_repack(int qtype, const void* src, void* dst, int n_rows, int k, void* stream);
+/* Random device-layout weights (small positive fp16 scales, random quants) for benchmarks. */
+LB_API int lb_quant_fill_random(int qtype, void* dst, int n_rows, int k, uint64_t seed, void* stream);
+/* y[n_rows] (+)= W · x[k] */
+LB_API int lb_gemv_q(int qtype, const void* w, int n_rows, int k, const float* x, float* y, int accumulate,
+                     void* stream);
+/* Y[n_rows, n] (+)= W · X[k, n], n = 1..64; every weight is read once for all n columns. */
+LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int k, const float* x, int n, float* y,
+                            int accumulate, void* stream);
+/* Mean milliseconds per call of the n-column op on random weights, rotating over enough weight copies
+ * to cover twice the L2 (so it measures HBM), accumulate = 1 (kernels only). Blocks. */
+LB_API int lb_bench_qmm(int qtype, int n_rows, int k, int n, int iters, float* ms_out);
+
+/* ---- Device buffers (cuda/ops/dev_buffers.cu): for callers without another CUDA binding --------- */
+LB_API int lb_dev_alloc(uint64_t nbytes, void** out);
+LB_API int lb_dev_free(void* ptr);
+LB_API int lb_dev_h2d(void* dst, const void* src, uint64_t nbytes);
+LB_API int lb_dev_d2h(void* dst, const void* src, uint64_t nbytes);
+LB_API int lb_dev_memset(void* dst, int byte, uint64_t nbytes);
+LB_API int lb_dev_sync(void);
+
 /* ================================================================================================
  * Megakernel (cuda/megakernel/*.cu): persistent 0.8B decode kernel behind an opaque handle.
  * ================================================================================================ */

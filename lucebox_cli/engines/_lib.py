@@ -116,6 +116,21 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_device_props": (c_int, [c_int, POINTER(DeviceProps)]),
     "lb_cuda_versions": (c_int, [POINTER(c_int), POINTER(c_int)]),
     # ops
+    # quantized matrix ops (cuda/ops/gemv_q.cu, gemm_q_smalln.cu, quant_repack.cu)
+    "lb_quant_bytes": (c_uint64, [c_int, c_int, c_int]),
+    "lb_quant_repack": (c_int, [c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p]),
+    "lb_quant_fill_random": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, c_uint64, ctypes.c_void_p]),
+    "lb_gemv_q": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p]),
+    "lb_gemm_q_smalln": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p, c_int,
+                                 ctypes.c_void_p]),
+    "lb_bench_qmm": (c_int, [c_int, c_int, c_int, c_int, c_int, POINTER(ctypes.c_float)]),
+    # device buffers (cuda/ops/dev_buffers.cu)
+    "lb_dev_alloc": (c_int, [c_uint64, POINTER(ctypes.c_void_p)]),
+    "lb_dev_free": (c_int, [ctypes.c_void_p]),
+    "lb_dev_h2d": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_uint64]),
+    "lb_dev_d2h": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_uint64]),
+    "lb_dev_memset": (c_int, [ctypes.c_void_p, c_int, c_uint64]),
+    "lb_dev_sync": (c_int, []),
     # megakernel
     "lb_mk_create": (c_int, [POINTER(MkConfig), POINTER(ctypes.c_void_p)]),
     "lb_mk_free": (c_int, [ctypes.c_void_p]),

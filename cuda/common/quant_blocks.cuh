@@ -1,0 +1,267 @@
+// GGUF block formats (Q4_K, Q5_K, Q6_K, Q8_0) as the quantized matrix ops read them: block structs,
+// the device layout, and per-lane dequantization straight into mma.sync m16n8k16 A fragments.
+//
+// Device layout (what lb_quant_repack writes; the same total bytes as the GGUF tensor):
+//   Q4_K, Q5_K  the GGUF bytes unchanged: blocks of 144 / 176 B are multiples of 16 B, so every
+//               block and every row is 16-byte aligned and lanes read it with 16-byte loads.
+//   Q6_K        per block [ql 128 | qh 64 | scales 16] = 208 B (row-major over all blocks), then the
+//               fp16 d of every block in one array. GGUF's 210-byte block leaves ql at 2-byte
+//               alignment, which would force 2-byte loads (8x the load instructions of the 16-byte
+//               path) or a shared-memory restaging pass; moving d out costs nothing in bytes.
+//   Q8_0        all qs bytes [rows, K] int8, then the fp16 d of every 32-block [rows, K/32].
+//               Same reason: GGUF's 34-byte block is only 2-byte aligned.
+// K (the row length) must be a multiple of 256 for every type, so one "item" of work is one
+// 256-weight block column (eight Q8_0 blocks).
+//
+// Lane mapping (one warp = 16 rows, the mma M): lane = 4*g + t; the lane owns rows g and g+8 of the
+// tile and reads, per 16-byte chunk step c, 16 contiguous bytes of each. A 32-bit word of a chunk
+// holds weights at four consecutive k (bytes 0..3; for 4/5/6-bit types the low and high nibbles are
+// two such runs, "lo" and "hi" mma steps). The mma's k order is free as long as A and B agree, so
+// slots (2t, 2t+1, 2t+8, 2t+9) of a step take bytes (0, 2, 1, 3) of the word: the nibbles of bytes 0
+// and 2 land in one half2 with a single mask, and B takes x[k0], x[k0+2] / x[k0+1], x[k0+3].
+//
+// Dequantization to fp16 uses the 0x6400 trick: (0x6400 | q) as a half is exactly 1024 + q for
+// q < 1024, so a mask-and-or makes two weights per instruction, an exact HSUB2 removes the 1024 and
+// one HFMA2 applies scale and min (fp16 rounding, ~2^-12 relative, well under the 1e-3 budget).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "lb_arch.cuh"
+
+namespace lb {
+namespace q {
+
+// ggml type ids (the GGUF on-disk enum); also the `qtype` argument of the C API.
+enum : int { Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+constexpr int QK = 256;  // weights per K-quant block, and per work item of every type
+
+// GGUF blocks, for sizes and documentation of the byte order (device code reads raw words).
+struct block_q4_K {
+    __half d, dmin;
+    uint8_t scales[12];  // 8 x (6-bit scale, 6-bit min), packed as get_scale_min_k4 reads them
+    uint8_t qs[128];     // group j (32 B): low nibbles = weights 64j..64j+31, high = 64j+32..64j+63
+};
+struct block_q5_K {
+    __half d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];  // bit 2j of qh[r]: 5th bit of weight 64j+r; bit 2j+1: of weight 64j+32+r
+    uint8_t qs[128];
+};
+struct block_q6_K {
+    uint8_t ql[128];
+    uint8_t qh[64];
+    int8_t scales[16];  // one per 16 weights
+    __half d;
+};
+struct block_q8_0 {
+    __half d;
+    int8_t qs[32];
+};
+static_assert(sizeof(block_q4_K) == 144 && sizeof(block_q5_K) == 176, "K-quant block sizes");
+static_assert(sizeof(block_q6_K) == 210 && sizeof(block_q8_0) == 34, "block sizes");
+
+constexpr int kQ6Packed = 208;  // Q6_K device block without d
+
+// Bytes of a [rows, k] tensor of type qt (GGUF and device layout alike); 0 for an unknown type.
+__host__ __device__ constexpr inline int64_t tensor_bytes(int qt, int64_t rows, int64_t k) {
+    return qt == Q4_K   ? rows * (k / QK) * 144
+           : qt == Q5_K ? rows * (k / QK) * 176
+           : qt == Q6_K ? rows * (k / QK) * 210
+           : qt == Q8_0 ? rows * (k / 32) * 34
+                        : 0;
+}
+
+// ---- primitives ---------------------------------------------------------------------------------
+
+// Weights are read once per call: bypass L1 so it keeps x (read by every warp of a block).
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// (1024 + a, 1024 + b) halves → scale·(a, b) − min, exactly as fp16 rounding allows.
+__device__ __forceinline__ uint32_t deq2(uint32_t magic_pair, __half2 sub, __half2 scale, __half2 neg_min) {
+    return h2_bits(__hfma2(__hsub2(bits_h2(magic_pair), sub), scale, neg_min));
+}
+
+// D = A·B + D, m16n8k16, fp16 inputs, fp32 accumulate.
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+constexpr uint32_t kMagic = 0x64006400u;  // two halves of 1024.0
+
+// Unpack the 6-bit (scale, min) of sub-block j of a K-quant header exactly as ggml's
+// get_scale_min_k4; s1..s3 are scales bytes 0-3, 4-7, 8-11. `hi_half` = (j >= 4) is known at compile
+// time; jj = j & 3 may vary per lane (shifts, never register indexing).
+template <bool hi_half>
+__device__ __forceinline__ void scale_min_k4(uint32_t s1, uint32_t s2, uint32_t s3, int jj, int& sc, int& mn) {
+    const int sh = 8 * jj;
+    if (!hi_half) {
+        sc = (s1 >> sh) & 63;
+        mn = (s2 >> sh) & 63;
+    } else {
+        const uint32_t b8 = (s3 >> sh) & 0xFF;  // q[j + 4]
+        sc = (b8 & 0xF) | (((s1 >> sh) & 0xFF) >> 6 << 4);
+        mn = (b8 >> 4) | (((s2 >> sh) & 0xFF) >> 6 << 4);
+    }
+}
+
+// ---- per-type traits ----------------------------------------------------------------------------
+// Each provides:
+//   kChunks        16-byte chunk steps per lane and row in one 256-block;
+//   kHiLo          2 when a word gives two mma steps (low and high nibbles), 1 for Q8_0;
+//   Row            the registers of one row's block for this lane;
+//   load(r, w, n_rows, k, row, kb, t)      issue the loads;
+//   kofs(c, u, s, t)                       k within the block of byte 0 of word u, step s;
+//   frag<c, s>(r, u, t, s02, s13)          the two A half2 of that step: slots (2t, 2t+1) from bytes
+//                                          0 and 2, slots (2t+8, 2t+9) from bytes 1 and 3.
+
+template <int QT>
+struct Traits;
+
+// Q4_K and Q5_K: chunk c, lane t reads qs bytes 64c + 16t .. +15, i.e. group j = 2c + (t >> 1),
+// r = 16(t & 1) + 4u + byte; lo weights are 64j + r (sub-block 2j), hi weights 64j + 32 + r (2j + 1).
+template <bool kFive>
+struct TraitsK45 {
+    static constexpr int kChunks = 2;
+    static constexpr int kHiLo = 2;
+    static constexpr int kBlockBytes = kFive ? 176 : 144;
+    struct Row {
+        uint4 hdr;      // d|dmin, scales 0-3, 4-7, 8-11
+        uint4 qh;       // Q5_K: qh bytes 16(t&1) .. +15
+        uint4 qs[2];    // chunk c
+    };
+    __device__ static void load(Row& r, const uint8_t* w, int64_t, int k, int64_t row, int kb, int t) {
+        const uint8_t* b = w + (row * (k / QK) + kb) * kBlockBytes;
+        r.hdr = ldg_stream(b);
+        if (kFive) r.qh = ldg_stream(b + 16 + 16 * (t & 1));
+        const uint8_t* qs = b + (kFive ? 48 : 16) + 16 * t;
+        r.qs[0] = ldg_stream(qs);
+        r.qs[1] = ldg_stream(qs + 64);
+    }
+    __device__ static int kofs(int c, int u, int s, int t) { return 64 * (2 * c + (t >> 1)) + 32 * s + 16 * (t & 1) + 4 * u; }
+    template <int C, int S>
+    __device__ static void frag(const Row& r, int u, int t, uint32_t& s02, uint32_t& s13) {
+        const int j = 2 * C + (t >> 1);  // qs group; sub-block 2j + S
+        int sc, mn;
+        // sub-block 2j + S: below 4 exactly when C == 0
+        scale_min_k4<C == 1>(r.hdr.y, r.hdr.z, r.hdr.w, (2 * j + S) & 3, sc, mn);
+        const float2 dm = __half22float2(bits_h2(r.hdr.x));
+        // hi nibbles sit 4 bits up: the pair decodes to 1024 + 16q, so the scale carries the 1/16.
+        const float s = dm.x * (float)sc * (S ? 0.0625f : 1.0f);
+        const __half2 scale = __float2half2_rn(s);
+        const __half2 neg_min = __float2half2_rn(-dm.y * (float)mn);
+        const uint32_t wq = (&r.qs[C].x)[u];
+        const uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
+        uint32_t p02 = (wq & mask) | kMagic;
+        uint32_t p13 = ((wq >> 8) & mask) | kMagic;
+        if (kFive) {
+            const uint32_t hb = (&r.qh.x)[u] >> (2 * j + S);
+            // 5th bit worth 16 (lo) or 256 (hi, in the 16q scale): bit 4 or bit 8 of each half
+            p02 |= (hb & 0x00010001u) << (S ? 8 : 4);
+            p13 |= ((hb >> 8) & 0x00010001u) << (S ? 8 : 4);
+        }
+        const __half2 sub = __float2half2_rn(1024.0f);
+        s02 = deq2(p02, sub, scale, neg_min);
+        s13 = deq2(p13, sub, scale, neg_min);
+    }
+};
+template <>
+struct Traits<Q4_K> : TraitsK45<false> {};
+template <>
+struct Traits<Q5_K> : TraitsK45<true> {};
+
+// Q6_K (device layout): chunk c = 128-weight half, lane t reads ql bytes 64c + 16t .. +15. With
+// l = 16t + 4u + byte, lo weights are 128c + l (scale 8c + t, qh bits 2(t >> 1)), hi weights
+// 128c + 64 + l (scale 8c + 4 + t, qh bits 4 + 2(t >> 1)); qh byte 32c + 16(t & 1) + 4u + byte.
+template <>
+struct Traits<Q6_K> {
+    static constexpr int kChunks = 2;
+    static constexpr int kHiLo = 2;
+    struct Row {
+        uint4 ql[2];
+        uint4 qh[2];
+        uint4 sc;
+        float d;
+    };
+    __device__ static void load(Row& r, const uint8_t* w, int64_t n_rows, int k, int64_t row, int kb, int t) {
+        const int64_t nb = k / QK;
+        const uint8_t* b = w + (row * nb + kb) * kQ6Packed;
+        r.ql[0] = ldg_stream(b + 16 * t);
+        r.ql[1] = ldg_stream(b + 64 + 16 * t);
+        r.qh[0] = ldg_stream(b + 128 + 16 * (t & 1));
+        r.qh[1] = ldg_stream(b + 160 + 16 * (t & 1));
+        r.sc = ldg_stream(b + 192);
+        const __half* dd = reinterpret_cast<const __half*>(w + n_rows * nb * kQ6Packed);
+        r.d = __half2float(dd[row * nb + kb]);
+    }
+    __device__ static int kofs(int c, int u, int s, int t) { return 128 * c + 64 * s + 16 * t + 4 * u; }
+    template <int C, int S>
+    __device__ static void frag(const Row& r, int u, int t, uint32_t& s02, uint32_t& s13) {
+        // scales 8C + 4S + t: word 2C + S of the 16 scale bytes, byte t (signed)
+        const int sc = (int8_t)(((&r.sc.x)[2 * C + S] >> (8 * t)) & 0xFF);
+        const __half2 scale = __float2half2_rn(r.d * (float)sc * (S ? 0.0625f : 1.0f));
+        const uint32_t wq = (&r.ql[C].x)[u];
+        const uint32_t hb = (&r.qh[C].x)[u] >> (4 * S + 2 * (t >> 1));
+        const uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
+        // 6-bit value = nibble | 2 high bits << 4; in the hi (16q) form the 2 bits go to bits 8-9.
+        const uint32_t p02 = (wq & mask) | ((hb & 0x00030003u) << (S ? 8 : 4)) | kMagic;
+        const uint32_t p13 = ((wq >> 8) & mask) | (((hb >> 8) & 0x00030003u) << (S ? 8 : 4)) | kMagic;
+        // q - 32: subtract 1024 + 32 (or 1024 + 16·32 in the 16q form), exact in fp16
+        const __half2 sub = __float2half2_rn(S ? 1024.0f + 512.0f : 1024.0f + 32.0f);
+        const __half2 zero = __float2half2_rn(0.0f);
+        s02 = deq2(p02, sub, scale, zero);
+        s13 = deq2(p13, sub, scale, zero);
+    }
+};
+
+// Q8_0 (device layout): chunk c (0..3), lane t reads qs bytes 64c + 16t .. +15 of the 256-block:
+// weights 64c + 16t + 4u + byte, Q8_0 block 2c + (t >> 1) of the eight.
+template <>
+struct Traits<Q8_0> {
+    static constexpr int kChunks = 4;
+    static constexpr int kHiLo = 1;
+    struct Row {
+        uint4 qs[4];
+        uint4 d;  // the eight fp16 d of this 256-block
+    };
+    __device__ static void load(Row& r, const uint8_t* w, int64_t n_rows, int k, int64_t row, int kb, int t) {
+        const uint8_t* b = w + row * k + (int64_t)kb * QK + 16 * t;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) r.qs[c] = ldg_stream(b + 64 * c);
+        r.d = ldg_stream(w + n_rows * k + (row * (k / 32) + 8 * kb) * 2);
+    }
+    __device__ static int kofs(int c, int u, int, int t) { return 64 * c + 16 * t + 4 * u; }
+    template <int C, int S>
+    __device__ static void frag(const Row& r, int u, int t, uint32_t& s02, uint32_t& s13) {
+        const uint32_t dw = (&r.d.x)[C];  // blocks 2C, 2C + 1
+        const __half dh = __ushort_as_half((unsigned short)((t >> 1) ? dw >> 16 : dw & 0xFFFF));
+        const __half2 scale = __half2half2(dh);
+        // int8 → uint8 + 128 by flipping the sign bit; bytes (0, 2) and (1, 3) into 0x64xx halves.
+        const uint32_t wq = (&r.qs[C].x)[u] ^ 0x80808080u;
+        const uint32_t p02 = __byte_perm(wq, 0x64646464u, 0x4240);
+        const uint32_t p13 = __byte_perm(wq, 0x64646464u, 0x4341);
+        const __half2 sub = __float2half2_rn(1024.0f + 128.0f);
+        const __half2 zero = __float2half2_rn(0.0f);
+        s02 = deq2(p02, sub, scale, zero);
+        s13 = deq2(p13, sub, scale, zero);
+    }
+};
+
+}  // namespace q
+}  // namespace lb

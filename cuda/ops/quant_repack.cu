@@ -1,0 +1,112 @@
+// Load-time conversion of GGUF quantized tensors to the device layout of cuda/common/quant_blocks.cuh
+// (Q6_K and Q8_0 move their fp16 d out of the blocks; Q4_K and Q5_K are copied unchanged), and a
+// random-weight generator that writes the device layout directly (benchmarks, engine smoke tests).
+#include "lb_check.cuh"
+#include "quant_blocks.cuh"
+
+namespace {
+
+using namespace lb::q;
+
+// GGUF blocks are only 2-byte aligned (210 and 34 bytes), so the copy moves 16-bit units.
+__global__ void repack_q6k(const uint16_t* __restrict__ src, uint16_t* __restrict__ dst, int64_t n_blocks) {
+    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (b >= n_blocks) return;
+    const uint16_t* s = src + b * (210 / 2);
+    uint16_t* d = dst + b * (kQ6Packed / 2);
+#pragma unroll 8
+    for (int i = 0; i < kQ6Packed / 2; ++i) d[i] = s[i];
+    dst[n_blocks * (kQ6Packed / 2) + b] = s[kQ6Packed / 2];  // d after all packed blocks
+}
+
+__global__ void repack_q80(const uint16_t* __restrict__ src, uint16_t* __restrict__ dst, int64_t n_blocks) {
+    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (b >= n_blocks) return;
+    const uint16_t* s = src + b * (34 / 2);
+    uint16_t* d = dst + b * 16;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) d[i] = s[1 + i];
+    dst[n_blocks * 16 + b] = s[0];
+}
+
+__device__ __forceinline__ uint32_t hash32(uint64_t x) {
+    // splitmix64 finaliser: independent bytes from (seed, index)
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)(x ^ (x >> 31));
+}
+
+__global__ void fill_bytes(uint8_t* dst, int64_t nbytes, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nbytes; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = (uint8_t)hash32(seed * 0x100000001B3ull + i);
+}
+
+// Overwrite every fp16 scale with a small positive value, like a real checkpoint's (random bits would
+// give NaN and Inf): d in [lo, 2 lo).
+__global__ void fix_scales(uint8_t* dst, int qtype, int64_t n_blocks, int64_t d_offset, uint64_t seed) {
+    const int64_t b = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (b >= n_blocks) return;
+    const float u = (hash32(seed ^ (0xD1B54A32D192ED03ull * (b + 1))) & 0xFFFF) / 65536.0f;
+    const float v = (hash32(seed ^ (0x8CB92BA72F3D8DD7ull * (b + 1))) & 0xFFFF) / 65536.0f;
+    if (qtype == Q4_K || qtype == Q5_K) {
+        __half* h = reinterpret_cast<__half*>(dst + b * (qtype == Q4_K ? 144 : 176));
+        h[0] = __float2half(1e-3f * (1.0f + u));
+        h[1] = __float2half(1e-3f * (1.0f + v));
+    } else {
+        __half* h = reinterpret_cast<__half*>(dst + d_offset);
+        h[b] = __float2half((qtype == Q6_K ? 5e-4f : 4e-3f) * (1.0f + u));
+    }
+}
+
+int check_shape(const char* fn, int qtype, const void* p, int n_rows, int k) {
+    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0)
+        return lb::set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d is not Q8_0, Q4_K, Q5_K or Q6_K", fn, qtype);
+    if (!p) return lb::set_error(LB_ERR_INVALID_ARG, "%s: NULL pointer", fn);
+    if (n_rows <= 0 || k <= 0 || k % QK)
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: need n_rows > 0 and k a positive multiple of 256", fn);
+    return LB_OK;
+}
+
+}  // namespace
+
+extern "C" LB_API uint64_t lb_quant_bytes(int qtype, int n_rows, int k) {
+    if (n_rows <= 0 || k <= 0 || k % QK) return 0;
+    return (uint64_t)tensor_bytes(qtype, n_rows, k);
+}
+
+extern "C" LB_API int lb_quant_repack(int qtype, const void* src, void* dst, int n_rows, int k, void* stream) {
+    int st = check_shape(__func__, qtype, dst, n_rows, k);
+    if (st != LB_OK) return st;
+    LB_CHECK_ARG(src && src != dst, "src must be a different device buffer");
+    LB_CHECK_ARG(!((uintptr_t)src & 1) && !((uintptr_t)dst & 15), "src must be 2-byte and dst 16-byte aligned");
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const size_t bytes = (size_t)tensor_bytes(qtype, n_rows, k);
+    if (qtype == Q4_K || qtype == Q5_K) {
+        LB_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+        return LB_OK;
+    }
+    const int64_t n_blocks = (int64_t)n_rows * (k / (qtype == Q6_K ? QK : 32));
+    const unsigned grid = (unsigned)lb::ceil_div(n_blocks, 256);
+    if (qtype == Q6_K)
+        repack_q6k<<<grid, 256, 0, s>>>(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), n_blocks);
+    else
+        repack_q80<<<grid, 256, 0, s>>>(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), n_blocks);
+    LB_LAUNCH_TRY();
+    return LB_OK;
+}
+
+extern "C" LB_API int lb_quant_fill_random(int qtype, void* dst, int n_rows, int k, uint64_t seed, void* stream) {
+    int st = check_shape(__func__, qtype, dst, n_rows, k);
+    if (st != LB_OK) return st;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const int64_t bytes = tensor_bytes(qtype, n_rows, k);
+    uint8_t* d = static_cast<uint8_t*>(dst);
+    fill_bytes<<<1024, 256, 0, s>>>(d, bytes, seed);
+    LB_LAUNCH_TRY();
+    const int64_t n_blocks = (int64_t)n_rows * (k / (qtype == Q8_0 ? 32 : QK));
+    const int64_t d_offset = qtype == Q6_K ? n_blocks * kQ6Packed : (qtype == Q8_0 ? n_blocks * 32 : 0);
+    fix_scales<<<(unsigned)lb::ceil_div(n_blocks, 256), 256, 0, s>>>(d, qtype, n_blocks, d_offset, seed);
+    LB_LAUNCH_TRY();
+    return LB_OK;
+}

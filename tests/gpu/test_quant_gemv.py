@@ -1,0 +1,222 @@
+"""Quantized GEMV / small-N GEMM (lb_gemv_q, lb_gemm_q_smalln) against a float64 numpy reference.
+
+Weights are random GGUF block bytes (random quants, small positive fp16 scales like a real
+checkpoint's), dequantized by the `gguf` package, so the reference shares no code with the kernels.
+The GGUF bytes go to the GPU and through lb_quant_repack, exactly as an engine loads them. Outputs are
+NaN-poisoned before `accumulate=1` calls (y preset to a known vector: an unwritten row keeps it), and
+compared by relative RMS error (fp16 weights and activations into fp32 accumulation: ~3e-4 expected).
+
+Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_quant_gemv.py [--bench]`, which
+also prints the bandwidth table at the 27B shapes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+QTYPES = {"Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# (weights per block, bytes per block, byte offsets of fp16 scales within a block)
+GEOMETRY = {"Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
+SCALE = {"Q8_0": 4e-3, "Q4_K": 1e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}
+TOL = 1e-3
+
+
+@functools.lru_cache(maxsize=1)
+def lib():
+    from lucebox_cli.config import resolve_profile
+    from lucebox_cli.engines import _lib
+
+    probe = _lib.probe_gpus()
+    if not probe.gpus:
+        pytest.skip(f"no GPU: {probe.reason}")
+    return _lib.load(resolve_profile(None, probe.gpus))
+
+
+class Dev:
+    """A device buffer through lb_dev_* (freed on close)."""
+
+    def __init__(self, nbytes: int):
+        self.ptr = ctypes.c_void_p()
+        self.nbytes = nbytes
+        lib().call("lb_dev_alloc", nbytes, ctypes.byref(self.ptr))
+
+    @classmethod
+    def of(cls, a: np.ndarray) -> "Dev":
+        a = np.ascontiguousarray(a)
+        d = cls(a.nbytes)
+        lib().call("lb_dev_h2d", d.ptr, a.ctypes.data, a.nbytes)
+        return d
+
+    def get(self, dtype, count: int) -> np.ndarray:
+        out = np.empty(count, dtype=dtype)
+        lib().call("lb_dev_sync")
+        lib().call("lb_dev_d2h", out.ctypes.data, self.ptr, out.nbytes)
+        return out
+
+    def close(self) -> None:
+        if self.ptr:
+            lib().call("lb_dev_free", self.ptr)
+            self.ptr = ctypes.c_void_p()
+
+
+def random_gguf_bytes(qt: str, rows: int, k: int, seed: int) -> np.ndarray:
+    """[rows, row_bytes] uint8 of valid blocks: random quants, fp16 scales in [s, 2s)."""
+    block, size, scale_offsets = GEOMETRY[qt]
+    rng = np.random.default_rng(seed)
+    nblk = rows * (k // block)
+    raw = rng.integers(0, 256, size=(nblk, size), dtype=np.uint8)
+    for off in scale_offsets:
+        d = (SCALE[qt] * (1.0 + rng.random(nblk))).astype(np.float16)
+        raw[:, off : off + 2] = d.view(np.uint8).reshape(nblk, 2)
+    return raw.reshape(rows, -1)
+
+
+@functools.lru_cache(maxsize=6)
+def case(qt: str, rows: int, k: int):
+    """(device-layout weights, float64 dequantized reference [rows, k])."""
+    import gguf
+
+    raw = random_gguf_bytes(qt, rows, k, seed=rows * 7 + k + QTYPES[qt])
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qt]).astype(np.float64).reshape(rows, k)
+    src = Dev.of(raw)
+    dst = Dev(raw.nbytes)
+    assert lib().fn.lb_quant_bytes(QTYPES[qt], rows, k) == raw.nbytes
+    lib().call("lb_quant_repack", QTYPES[qt], src.ptr, dst.ptr, rows, k, None)
+    lib().call("lb_dev_sync")
+    src.close()
+    return dst, ref
+
+
+def rel_rms(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b**2)))
+
+
+def run_case(qt: str, rows: int, k: int, n: int, accumulate: int) -> float:
+    """Relative RMS error of one call; n == 1 goes through lb_gemv_q."""
+    w, ref = case(qt, rows, k)
+    rng = np.random.default_rng(1000 + n)
+    x = rng.standard_normal((n, k)).astype(np.float32)  # column-major X[k, n]: vector j contiguous
+    y0 = rng.standard_normal((n, rows)).astype(np.float32) if accumulate else None
+    want = x.astype(np.float64) @ ref.T + (y0 if accumulate else 0.0)
+    xd = Dev.of(x)
+    yd = Dev.of(y0) if accumulate else Dev(4 * n * rows)
+    if not accumulate:
+        lib().call("lb_dev_memset", yd.ptr, 0xFF, yd.nbytes)  # NaN everywhere
+    try:
+        if n == 1:
+            lib().call("lb_gemv_q", QTYPES[qt], w.ptr, rows, k, xd.ptr, yd.ptr, accumulate, None)
+        else:
+            lib().call("lb_gemm_q_smalln", QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, accumulate, None)
+        got = yd.get(np.float32, n * rows).reshape(n, rows)
+    finally:
+        xd.close()
+        yd.close()
+    assert np.isfinite(got).all(), f"{qt} {rows}x{k} n={n}: {int((~np.isfinite(got)).sum())} unwritten/NaN outputs"
+    if accumulate:
+        # compare the product, not the preset vector it was added to
+        return rel_rms(got.astype(np.float64) - y0, want - y0)
+    return rel_rms(got.astype(np.float64), want)
+
+
+GEMV_SHAPES = [(257, 5120), (5120, 17408), (17408, 5120), (300, 256 * 7)]
+SMALLN_SHAPES = [(257, 5120), (1000, 256 * 7)]
+NS = [2, 7, 23, 64]
+
+
+@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("rows,k", GEMV_SHAPES, ids=[f"N{r}-K{k}" for r, k in GEMV_SHAPES])
+@pytest.mark.parametrize("accumulate", [0, 1], ids=["store", "accumulate"])
+def test_gemv_q(qt, rows, k, accumulate):
+    err = run_case(qt, rows, k, 1, accumulate)
+    assert err < TOL, f"{qt} N{rows} K{k}: relative RMS {err:.2e}"
+
+
+@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("rows,k", SMALLN_SHAPES, ids=[f"N{r}-K{k}" for r, k in SMALLN_SHAPES])
+@pytest.mark.parametrize("n", NS, ids=[f"n{n}" for n in NS])
+def test_gemm_q_smalln(qt, rows, k, n):
+    err = run_case(qt, rows, k, n, accumulate=int(n % 2))
+    assert err < TOL, f"{qt} N{rows} K{k} n={n}: relative RMS {err:.2e}"
+
+
+def test_rejects_bad_shapes():
+    from lucebox_cli.errors import LuceboxError
+
+    w, _ = case("Q4_K", 257, 5120)
+    with pytest.raises(LuceboxError, match="multiple of 256"):
+        lib().call("lb_gemv_q", 12, w.ptr, 257, 5000, w.ptr, w.ptr, 0, None)
+    with pytest.raises(LuceboxError, match="qtype"):
+        lib().call("lb_gemv_q", 2, w.ptr, 257, 5120, w.ptr, w.ptr, 0, None)
+    with pytest.raises(LuceboxError, match="1..64"):
+        lib().call("lb_gemm_q_smalln", 12, w.ptr, 257, 5120, w.ptr, 65, w.ptr, 0, None)
+
+
+# ---- bandwidth table at the 27B shapes (script mode, or pytest -k bandwidth -s) ------------------
+
+BENCH_SHAPES = [("ffn_gate/up", 17408, 5120), ("ffn_down", 5120, 17408), ("attn_qkv", 10240, 5120),
+                ("attn_gate/q", 6144, 5120), ("ssm_out/o", 5120, 6144), ("lm_head", 248320, 5120)]
+
+
+def bandwidth_rows(peak_gbs: float = 4000.0, ns=(1,), iters: int = 50, types=tuple(QTYPES), tensors=None) -> list[dict]:
+    rows = []
+    for qt in types:
+        qid = QTYPES[qt]
+        for name, n_rows, k in BENCH_SHAPES:
+            if (name == "lm_head" and qt not in ("Q6_K", "Q8_0")) or (tensors and name not in tensors):
+                continue
+            for n in ns:
+                ms = ctypes.c_float()
+                lib().call("lb_bench_qmm", qid, n_rows, k, n, iters, ctypes.byref(ms))
+                nbytes = lib().fn.lb_quant_bytes(qid, n_rows, k)
+                gbs = nbytes / (ms.value * 1e-3) / 1e9
+                rows.append(dict(qtype=qt, tensor=name, n_rows=n_rows, k=k, n=n, us=ms.value * 1e3, gbs=gbs,
+                                 frac=gbs / peak_gbs))
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    out = ["| type | tensor | N×K | n | µs | GB/s | % of 4.0 TB/s |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['qtype']} | {r['tensor']} | {r['n_rows']}×{r['k']} | {r['n']} | {r['us']:.1f} | "
+                   f"{r['gbs']:.0f} | {100 * r['frac']:.0f}% |")
+    return "\n".join(out)
+
+
+def test_bandwidth_table():
+    rows = bandwidth_rows(iters=20)
+    print("\n" + format_table(rows))
+    assert all(r["gbs"] > 0 for r in rows)
+
+
+def _main(argv: list[str]) -> int:
+    """Script mode: every case with a one-line verdict, then (with --bench) the bandwidth table."""
+    failed = 0
+    cases = [(qt, r, k, 1, a) for qt in QTYPES for r, k in GEMV_SHAPES for a in (0, 1)]
+    cases += [(qt, r, k, n, n % 2) for qt in QTYPES for r, k in SMALLN_SHAPES for n in NS]
+    for qt, r, k, n, acc in cases:
+        try:
+            err = run_case(qt, r, k, n, acc)
+            ok = err < TOL
+            msg = f"rel RMS {err:.2e}"
+        except Exception as exc:  # a script run reports every case, then fails at the end
+            ok, msg = False, f"{type(exc).__name__}: {exc}"
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'} {qt} N{r} K{k} n{n} {'acc' if acc else 'store'}: {msg}", flush=True)
+    if "--bench" in argv:
+        rows = bandwidth_rows(ns=(1,))
+        rows += bandwidth_rows(ns=(2, 8, 23, 64), types=("Q4_K",))
+        rows += bandwidth_rows(ns=(2, 8, 23, 64), types=("Q5_K", "Q6_K", "Q8_0"), tensors=("ffn_down",))
+        print(format_table(rows), flush=True)
+    print(f"{failed} failed of {len(cases)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
