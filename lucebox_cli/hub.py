@@ -627,3 +627,31 @@ def download(
             hint="`lucebox pull NAME --dry-run` lists the files",
         )
     return PullResult(spec.name, tuple(repos), tuple(pulled), cache, offline=False)
+
+
+def download_dataset(repo_id: str, filename: str, offline: bool | None = None) -> Path:
+    """One file of a hub *dataset* repo (bench prompts) into the HF cache; returns its local path.
+
+    Dataset files are small, so huggingface_hub's own downloader serves them (no resume needed);
+    offline (or HF_HUB_OFFLINE) reads the cache only.
+    """
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    local_only = _offline_reason(offline) is not None
+    try:
+        return Path(hf_hub_download(
+            repo_id, filename, repo_type="dataset", cache_dir=cache_dir(), endpoint=endpoint(),
+            token=_token(), local_files_only=local_only,
+        ))
+    except LocalEntryNotFoundError:
+        raise DownloadError(
+            f"dataset {repo_id}/{filename} is not in the HF cache"
+            + (" and offline mode is on" if local_only else " and the hub could not be reached"),
+            hint="rerun with network access (the file is cached for next time), or pass --dataset FILE.jsonl",
+        ) from None
+    except Exception as err:  # noqa: BLE001 - mapped to one-line errors; unknown ones re-raised
+        mapped = _hub_error(err, f"dataset {repo_id}/{filename}")
+        if mapped is err:
+            raise
+        raise mapped from None

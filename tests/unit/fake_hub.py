@@ -1,7 +1,7 @@
 """A local stand-in for the Hugging Face hub: the slice of its HTTP API that huggingface_hub and hub.py use.
 
 Served on 127.0.0.1 (random port) from a thread:
-- GET /api/models/{repo}[/revision/{rev}][?blobs=true]: model info with `sha` and `siblings`
+- GET /api/models/{repo} (or /api/datasets/{repo}: datasets share the one repo table)[/revision/{rev}][?blobs=true]: model info with `sha` and `siblings`
   (`rfilename`, `size`, `blobId`, and `lfs: {sha256, size, pointerSize}` for LFS files);
 - HEAD/GET /{repo}/resolve/{rev}/{path}: regular files answered directly (ETag = git blob sha1),
   LFS files redirected (302) to /cdn/{sha256} with X-Linked-Etag / X-Linked-Size, like the real hub;
@@ -113,8 +113,8 @@ class FakeHub:
             return queue.pop(0) if queue else None
 
 
-_INFO_RE = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
-_RESOLVE_RE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+_INFO_RE = re.compile(r"^/api/(?:models|datasets)/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
+_RESOLVE_RE = re.compile(r"^(?:/datasets)?/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 _CDN_RE = re.compile(r"^/cdn/(?P<sha>[0-9a-f]{64})$")
 _RANGE_RE = re.compile(r"^bytes=(\d+)-$")
 

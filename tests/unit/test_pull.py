@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from lucebox_cli import hub, registry
 from lucebox_cli.cli.app import make_app
-from lucebox_cli.errors import ModelNotFound
+from lucebox_cli.errors import DownloadError, ModelNotFound
 
 from fake_hub import FakeHub  # tests/unit is on sys.path under pytest
 
@@ -348,3 +348,16 @@ def test_local_path_needs_no_hub(fake, tmp_path):
     out = _pull_json("pull", str(gguf))
     assert [(f["local_path"], f["size"]) for f in out["files"]] == [(str(gguf), 64)]
     assert fake.requests == []
+
+
+def test_download_dataset_then_offline(fake, tmp_path):
+    from lucebox_cli import hub
+
+    rows = b'{"problem": "1+1?"}\n{"problem": "2+2?"}\n'
+    fake.add_repo("HuggingFaceH4/MATH-500", {"test.jsonl": rows})
+    path = hub.download_dataset("HuggingFaceH4/MATH-500", "test.jsonl")
+    assert path.read_bytes() == rows
+    assert "datasets--HuggingFaceH4--MATH-500" in str(path)
+    assert hub.download_dataset("HuggingFaceH4/MATH-500", "test.jsonl", offline=True) == path
+    with pytest.raises(DownloadError, match="offline"):
+        hub.download_dataset("HuggingFaceH4/MATH-500", "other.jsonl", offline=True)
