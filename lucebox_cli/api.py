@@ -229,7 +229,7 @@ def generate(
         prompt_ids = encode_prompt(cfg, model, prompt)
     prompt_ids = [int(t) for t in prompt_ids]
     t0 = time.perf_counter()
-    draft_setup = _draft_setup(cfg, model)
+    draft_setup = draft_setup_for(cfg, model)
     owned = opened is None
     if owned:
         opened = open_engine(cfg, model, tap_layers=draft_setup[0] if draft_setup else ())
@@ -260,7 +260,7 @@ def _run_loop(engine, draft, cfg: RunConfig, prompt_ids: list[int], emit: Callab
     return speculative_generate(engine, draft, cfg, prompt_ids, on_token=emit, eos_ids=eos_ids)
 
 
-def _draft_setup(cfg: RunConfig, model: LoadedModel):
+def draft_setup_for(cfg: RunConfig, model: LoadedModel):
     """(tap layers the engine must capture, engine -> Draft) for cfg.draft, or None without a draft."""
     if cfg.spec == "none":
         return None

@@ -182,7 +182,7 @@ def _run_all(api, model, cfg: RunConfig, spec_list: list[str], encoded, progress
     speculative rows compare the same kernels (taps on when a DFlash draft needs them)."""
     from lucebox_cli.spec.loop import speculative_generate
 
-    setups = {m: api._draft_setup(cfg.replace(spec=m), model) for m in spec_list}
+    setups = {m: api.draft_setup_for(cfg.replace(spec=m), model) for m in spec_list}
     taps = next((s[0] for s in setups.values() if s and s[0]), ())
     opened = api.open_engine(cfg.replace(spec=spec_list[0] if spec_list else "none"), model, tap_layers=taps)
     engine = opened.engine
