@@ -87,6 +87,34 @@ LB_API int lb_cuda_versions(int* driver_version, int* runtime_version);
  * Ops (cuda/ops/*.cu): one section per op, reachable from Python for tests.
  * ================================================================================================ */
 
+/* ---- Prefill ops (cuda/ops/gemm_bf16.cu, deltanet_chunked.cu, attn_prefill.cu) ----------------
+ * Device pointers and a stream (NULL = the legacy default stream); the launch returns at once. Used by
+ * the 0.8B prefill (cuda/prefill/) and reachable here for tests. bf16 values are raw uint16 bits. */
+
+/* gemm_bf16 epilogues. Y = X[m,k] · W[n,k]ᵀ, X and W bf16 row-major, fp32 accumulate (tensor cores). */
+#define LB_GEMM_F32 0    /* y fp32 [m, n] = result */
+#define LB_GEMM_RESID 1  /* y fp32 [m, n] += result */
+#define LB_GEMM_SWIGLU 2 /* w has 2n rows (gate rows, then up rows); y bf16 [m, n] = SiLU(gate) * up */
+/* k % 32 == 0, n % 8 == 0, any m >= 1. */
+LB_API int lb_gemm_bf16(const void* x, const void* w, void* y, int m, int n, int k, int epilogue, void* stream);
+
+/* Device scratch bytes lb_deltanet_chunked needs for t tokens and h heads (0 for bad sizes). */
+LB_API uint64_t lb_deltanet_chunked_scratch_bytes(int t, int h);
+/* Chunked gated delta rule (chunk 64, fp32, dk = dv = 128), the math of cpu.py gated_delta_chunked.
+ * q, k, v f32 [h, t, 128] (head-major; q L2-normed and scaled by 1/sqrt(128), k L2-normed); g (log
+ * decay <= 0) and beta f32 [h, t]; state f32 [h, dv, dk] (the megakernel's transposed layout), read as
+ * the initial state and overwritten with the final one; o f32 [t, h*128] (token-major). */
+LB_API int lb_deltanet_chunked(const void* q, const void* k, const void* v, const void* g, const void* beta,
+                               void* state, void* o, void* scratch, int t, int h, void* stream);
+
+/* Causal gated attention of t queries at positions pos0 .. pos0+t-1 over cache rows [0, pos] (head_dim
+ * 256, n_heads == 4 * n_kv_heads), online softmax in fp32. qf f32 [t, n_heads, 256] (normed + RoPE'd,
+ * unscaled); k_cache / v_cache bf16 [n_kv_heads, max_ctx, 256] (the rows of this prompt already
+ * written); out bf16 [t, n_heads*256] = softmax(q·Kᵀ/16)·V ⊙ sigmoid(gate[i*gate_ld + h*gate_hs + d]). */
+LB_API int lb_attn_prefill(const void* qf, const void* k_cache, const void* v_cache, const void* gate, int gate_ld,
+                           int gate_hs, void* out, int t, int pos0, int n_heads, int n_kv_heads, int max_ctx,
+                           void* stream);
+
 /* ---- Quantized matrix ops (cuda/ops/gemv_q.cu, gemm_q_smalln.cu, quant_repack.cu) ------------
  * qtype is the ggml type id: 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K. W [n_rows, k] is in the DEVICE layout
  * (cuda/common/quant_blocks.cuh): the GGUF bytes for Q4_K / Q5_K; for Q6_K and Q8_0 the blocks with
@@ -216,6 +244,18 @@ LB_API int lb_mk_position(void* handle, int* n_past, int* pending);
 /* Kernel time of the last launch in milliseconds (CUDA events). */
 LB_API int lb_mk_last_time_ms(void* handle, float* ms);
 LB_API int lb_mk_read(void* handle, int what, int layer, void* host, uint64_t nbytes);
+
+/* ---- Tensor-core prefill (cuda/prefill/prefill_08b.cu) over a megakernel handle ----------------
+ * A prefill context borrows a megakernel handle (free the context first) and owns scratch for
+ * max_chunk tokens (0: 2048); longer prompts run in segments of max_chunk. lb_mk_prefill appends n
+ * tokens at the handle's position with tensor-core GEMMs, the chunked DeltaNet and flash attention,
+ * writing the K/V cache, conv ring and recurrent state exactly as lb_mk_decode reads them, the
+ * pending token (the last position's argmax, fed by the next lb_mk_decode with n_forced = 0) and the
+ * LB_MK_READ_LOGITS / LB_MK_READ_HIDDEN buffers. logits (host [vocab]) and argmax_out may be NULL.
+ * Blocks until done; lb_mk_last_time_ms then reports its GPU time. */
+LB_API int lb_mk_prefill_create(void* mk_handle, int max_chunk, void** prefill);
+LB_API int lb_mk_prefill_free(void* prefill);
+LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n, float* logits, int32_t* argmax_out);
 
 /* ================================================================================================
  * DFlash (cuda/dflash/*.cu): 27B target prefill / verify / commit, draft forward.

@@ -1,0 +1,356 @@
+// deltanet_chunked: the gated delta rule over a prompt in the chunked (WY / UT transform) form, fp32,
+// chunk 64, dk = dv = 128 — the same math as lucebox_cli/engines/cpu.py `gated_delta_chunked` — plus
+// the prompt's causal conv1d / SiLU / q,k L2 norms / beta, g (dn_conv_prep), the conv-ring update and
+// the gated output norm. State layout is the decode megakernel's: S transposed, [H, dv, dk].
+//
+// Two kernels for the rule itself:
+//  1. dn_chunk_prep, one block per (chunk, head), all chunks at once: cum = cumsum(g), the masked
+//     decayed q·kᵀ (Aqk) and the unit lower-triangular system (I + L)[u | w] = [βv | βk e^cum],
+//     L_ij = β_i k_i·k_j e^(cum_i - cum_j) (j < i), solved by forward substitution with one thread
+//     per right-hand column (256 = 128 u + 128 w columns) holding its 64 unknowns in registers.
+//  2. dn_chunk_scan, one block per (16-column dv slice, head), sequential over chunks only:
+//     v_new = u - w S; o = e^cum (q S) + Aqk v_new; S = e^last S + (k e^(last - cum))ᵀ v_new.
+// Splitting dv into 8 slices gives 128 blocks for 16 heads; the slices share nothing but reads.
+#include "lb_check.cuh"
+#include "lucebox.h"
+#include "pf_common.cuh"
+#include "pf_ops.h"
+
+namespace pf {
+namespace {
+
+constexpr int D = DN_D;        // 128
+constexpr int CH = DN_CHUNK;   // 64
+constexpr int KP = D + 1;      // padded smem row of a [64][128] tile
+constexpr int LP = CH + 1;     // padded row of a [64][64] tile
+constexpr int DVS = 16;        // dv columns per scan block
+constexpr int NH = 16;         // Qwen3.5-0.8B DeltaNet heads (conv prep)
+constexpr int C_QKV = 3 * NH * D;  // 6144 conv channels
+
+__host__ __device__ inline int n_chunks(int T) { return (T + CH - 1) / CH; }
+
+struct Scratch {
+    float *u, *w, *aqk, *cum;
+};
+Scratch carve(void* base, int T, int H) {
+    const size_t tp = (size_t)n_chunks(T) * CH;
+    float* p = static_cast<float*>(base);
+    Scratch s;
+    s.u = p; p += (size_t)H * T * D;
+    s.w = p; p += (size_t)H * T * D;
+    s.aqk = p; p += (size_t)H * tp * CH;
+    s.cum = p;
+    return s;
+}
+
+constexpr size_t PREP_SMEM = (size_t)(2 * CH * KP + CH * LP + 3 * CH) * 4;
+constexpr size_t SCAN_SMEM = (size_t)(CH * KP + D * DVS + CH * LP + 2 * CH * DVS + 3 * CH) * 4;
+
+__global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ q, const float* __restrict__ k,
+                                                     const float* __restrict__ v, const float* __restrict__ g,
+                                                     const float* __restrict__ beta, Scratch sc, int T) {
+    extern __shared__ float sm[];
+    float* Ks = sm;                // [64][KP]
+    float* Qs = Ks + CH * KP;      // [64][KP]
+    float* Lm = Qs + CH * KP;      // [64][LP] strictly lower L
+    float* cum = Lm + CH * LP;     // [64]
+    float* bet = cum + CH;         // [64]
+    float* gl = bet + CH;          // [64]
+    const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    const int nch = gridDim.x, t0 = c * CH, L = min(CH, T - t0);
+    const size_t hrow = (size_t)h * T + t0;  // row of token t0 in the [H, T, 128] inputs
+
+    for (int idx = tid; idx < CH * D; idx += 256) {
+        const int i = idx / D, d = idx % D;
+        const bool ok = i < L;
+        Ks[i * KP + d] = ok ? k[(hrow + i) * D + d] : 0.0f;
+        Qs[i * KP + d] = ok ? q[(hrow + i) * D + d] : 0.0f;
+    }
+    // Rows past the prompt get beta = 0 and g = 0: they solve to zero and leave cum flat.
+    if (tid < CH) {
+        bet[tid] = tid < L ? beta[hrow + tid] : 0.0f;
+        gl[tid] = tid < L ? g[hrow + tid] : 0.0f;
+    }
+    __syncthreads();
+    // Sequential fp32 prefix sum, the same order as np.cumsum.
+    if (tid == 0) {
+        float s = 0.0f;
+        for (int i = 0; i < CH; ++i) {
+            s += gl[i];
+            cum[i] = s;
+        }
+    }
+    __syncthreads();
+    if (tid < CH) sc.cum[(size_t)h * nch * CH + t0 + tid] = cum[tid];
+
+    // Gram matrices k·kᵀ and q·kᵀ; thread (ti, tj) owns rows ti + 16a, columns tj + 16b.
+    {
+        const int ti = tid / 16, tj = tid % 16;
+        float kk[4][4], qk[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) kk[a][b] = qk[a][b] = 0.0f;
+        for (int d = 0; d < D; ++d) {
+            float ki[4], qi[4], kj[4];
+#pragma unroll
+            for (int a = 0; a < 4; ++a) {
+                ki[a] = Ks[(ti + 16 * a) * KP + d];
+                qi[a] = Qs[(ti + 16 * a) * KP + d];
+                kj[a] = Ks[(tj + 16 * a) * KP + d];
+            }
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int b = 0; b < 4; ++b) {
+                    kk[a][b] = fmaf(ki[a], kj[b], kk[a][b]);
+                    qk[a][b] = fmaf(qi[a], kj[b], qk[a][b]);
+                }
+        }
+        float* aqk = sc.aqk + ((size_t)h * nch + c) * CH * CH;
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                const int i = ti + 16 * a, j = tj + 16 * b;
+                // decay e^(cum_i - cum_j) only where j <= i: the exponent is never positive there
+                const float dec = j <= i ? expf(cum[i] - cum[j]) : 0.0f;
+                Lm[i * LP + j] = j < i ? bet[i] * kk[a][b] * dec : 0.0f;
+                aqk[i * CH + j] = j <= i ? qk[a][b] * dec : 0.0f;
+            }
+    }
+    __syncthreads();
+
+    // Forward substitution, one right-hand column per thread: columns 0..127 are u (rhs βv),
+    // 128..255 are w (rhs βk e^cum). x_i = r_i - Σ_{j<i} L_ij x_j, unknowns in registers.
+    const int col = tid & (D - 1);
+    const bool is_u = tid < D;
+    float x[CH];
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+        float r = 0.0f;
+        if (i < L) r = (is_u ? v[(hrow + i) * D + col] : Ks[i * KP + col] * expf(cum[i])) * bet[i];
+#pragma unroll
+        for (int j = 0; j < i; ++j) r = fmaf(-Lm[i * LP + j], x[j], r);
+        x[i] = r;
+    }
+    float* dst = (is_u ? sc.u : sc.w) + hrow * D + col;
+#pragma unroll
+    for (int i = 0; i < CH; ++i)
+        if (i < L) dst[(size_t)i * D] = x[i];
+}
+
+// Copy rows [0, L) of a [*, 128] chunk (row stride 128 floats) into a padded smem tile; zero the rest.
+__device__ __forceinline__ void load_tile(float* dst, const float* __restrict__ src, int L) {
+    for (int idx = threadIdx.x; idx < CH * (D / 4); idx += 256) {
+        const int i = idx / (D / 4), d = (idx % (D / 4)) * 4;
+        const float4 x = i < L ? *reinterpret_cast<const float4*>(src + (size_t)i * D + d) : make_float4(0, 0, 0, 0);
+        float* o = dst + i * KP + d;
+        o[0] = x.x;
+        o[1] = x.y;
+        o[2] = x.z;
+        o[3] = x.w;
+    }
+}
+
+__global__ void __launch_bounds__(256) dn_chunk_scan(const float* __restrict__ q, const float* __restrict__ k,
+                                                     Scratch sc, float* __restrict__ state, float* __restrict__ o,
+                                                     int T, int H) {
+    extern __shared__ float sm[];
+    float* buf = sm;                 // [64][KP]: w, then q, then k of the chunk
+    float* S = buf + CH * KP;        // [128 dk][16 dv]
+    float* Aq = S + D * DVS;         // [64][LP]
+    float* vn = Aq + CH * LP;        // [64][16] v_new
+    float* vs = vn + CH * DVS;       // [64][16] v_new * e^(last - cum_i)
+    float* cs = vs + CH * DVS;       // [64] cum
+    float* ec = cs + CH;             // [64] e^cum
+    float* el = ec + CH;             // [64] e^(last - cum)
+    const int j0 = blockIdx.x * DVS, h = blockIdx.y, tid = threadIdx.x, j = tid % DVS, r0 = tid / DVS;
+    const int nch = n_chunks(T);
+
+    float* Sg = state + (size_t)h * D * D;  // [dv][dk]
+    for (int idx = tid; idx < D * DVS; idx += 256) {
+        const int jj = idx / D, d = idx % D;
+        S[d * DVS + jj] = Sg[(size_t)(j0 + jj) * D + d];
+    }
+    for (int c = 0; c < nch; ++c) {
+        const int t0 = c * CH, L = min(CH, T - t0);
+        const size_t hrow = (size_t)h * T + t0;
+        load_tile(buf, sc.w + hrow * D, L);
+        const float* aqk = sc.aqk + ((size_t)h * nch + c) * CH * CH;
+        for (int idx = tid; idx < CH * CH; idx += 256) Aq[(idx / CH) * LP + idx % CH] = aqk[idx];
+        if (tid < CH) cs[tid] = sc.cum[(size_t)h * nch * CH + t0 + tid];
+        __syncthreads();
+        if (tid < CH) {
+            ec[tid] = expf(cs[tid]);
+            el[tid] = expf(cs[CH - 1] - cs[tid]);
+        }
+        // v_new = u - w S
+#pragma unroll
+        for (int rr = 0; rr < CH / 16; ++rr) {
+            const int i = r0 + 16 * rr;
+            float s = 0.0f;
+            for (int d = 0; d < D; ++d) s = fmaf(buf[i * KP + d], S[d * DVS + j], s);
+            const float u = i < L ? sc.u[(hrow + i) * D + j0 + j] : 0.0f;
+            vn[i * DVS + j] = u - s;
+        }
+        __syncthreads();
+        load_tile(buf, q + hrow * D, L);
+        // vs = v_new scaled to the chunk end, for the state update
+        for (int idx = tid; idx < CH * DVS; idx += 256) vs[idx] = vn[idx] * el[idx / DVS];
+        __syncthreads();
+        // o = e^cum (q S) + Aqk v_new
+#pragma unroll
+        for (int rr = 0; rr < CH / 16; ++rr) {
+            const int i = r0 + 16 * rr;
+            float s1 = 0.0f, s2 = 0.0f;
+            for (int d = 0; d < D; ++d) s1 = fmaf(buf[i * KP + d], S[d * DVS + j], s1);
+            for (int m = 0; m <= i; ++m) s2 = fmaf(Aq[i * LP + m], vn[m * DVS + j], s2);
+            if (i < L) o[(size_t)(t0 + i) * H * D + h * D + j0 + j] = ec[i] * s1 + s2;
+        }
+        __syncthreads();
+        load_tile(buf, k + hrow * D, L);
+        __syncthreads();
+        // S = e^last S + (k e^(last - cum))ᵀ v_new; cum is flat past the prompt, so cs[63] is the last
+        const float elast = expf(cs[CH - 1]);
+#pragma unroll
+        for (int rr = 0; rr < D / 16; ++rr) {
+            const int d = r0 + 16 * rr;
+            float s = 0.0f;
+            for (int i = 0; i < CH; ++i) s = fmaf(buf[i * KP + d], vs[i * DVS + j], s);
+            S[d * DVS + j] = fmaf(elast, S[d * DVS + j], s);
+        }
+        __syncthreads();
+    }
+    for (int idx = tid; idx < D * DVS; idx += 256) {
+        const int jj = idx / D, d = idx % D;
+        Sg[(size_t)(j0 + jj) * D + d] = S[d * DVS + jj];
+    }
+}
+
+// One block per token: conv + SiLU of all 6144 channels, then per-head L2 norms of q and k.
+__global__ void __launch_bounds__(256) dn_conv_prep_kernel(const float* __restrict__ y, int ldy,
+                                                           const float* __restrict__ ring,
+                                                           const float* __restrict__ conv_w,
+                                                           const float* __restrict__ ssm_a,
+                                                           const float* __restrict__ dt_bias, float* q, float* k,
+                                                           float* v, float* g, float* beta, int T, int pos0) {
+    __shared__ float mixed[2 * NH * D];
+    const int t = blockIdx.x, p = pos0 + t, tid = threadIdx.x;
+    for (int c = tid; c < C_QKV; c += 256) {
+        const float4 w = *reinterpret_cast<const float4*>(conv_w + (size_t)c * 4);
+        float x[4];
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            // inputs at positions p-3 .. p: this prompt's rows, else the ring (decode history), else 0
+            const int tt = t - 3 + jj, pp = p - 3 + jj;
+            x[jj] = tt >= 0 ? y[(size_t)tt * ldy + c] : (pp >= 0 ? ring[(size_t)(pp & 3) * C_QKV + c] : 0.0f);
+        }
+        // same association as the decode kernel's dn_conv
+        const float s = siluf_(fmaf(w.x, x[0], fmaf(w.y, x[1], fmaf(w.z, x[2], w.w * x[3]))));
+        if (c < 2 * NH * D) mixed[c] = s;
+        else v[((size_t)((c - 2 * NH * D) / D) * T + t) * D + (c % D)] = s;
+    }
+    __syncthreads();
+    const int lane = tid & 31, warp = tid >> 5;
+    for (int hh = warp; hh < 2 * NH; hh += 8) {
+        const float4 a = *reinterpret_cast<const float4*>(mixed + hh * D + lane * 4);
+        const float ss = lb::warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
+        // q additionally scaled by 1/sqrt(dk)
+        const float r = hh < NH ? rsqrtf(ss + 1e-6f) * rsqrtf((float)D) : rsqrtf(ss + 1e-6f);
+        float* dst = (hh < NH ? q + ((size_t)hh * T + t) * D : k + ((size_t)(hh - NH) * T + t) * D) + lane * 4;
+        *reinterpret_cast<float4*>(dst) = make_float4(a.x * r, a.y * r, a.z * r, a.w * r);
+    }
+    if (tid < NH) {
+        const float* yr = y + (size_t)t * ldy + C_QKV + NH * D;  // [beta (16) | alpha (16)]
+        const float a = yr[NH + tid] + dt_bias[tid];
+        const float sp = a > 20.0f ? a : log1pf(expf(a));
+        beta[(size_t)tid * T + t] = sigmoidf_(yr[tid]);
+        g[(size_t)tid * T + t] = ssm_a[tid] * sp;
+    }
+}
+
+__global__ void dn_ring_write_kernel(const float* __restrict__ y, int ldy, float* ring, int T, int pos0) {
+    const int nr = min(T, 4);
+    for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < nr * C_QKV; idx += gridDim.x * blockDim.x) {
+        const int t = T - nr + idx / C_QKV, c = idx % C_QKV;
+        ring[(size_t)((pos0 + t) & 3) * C_QKV + c] = y[(size_t)t * ldy + c];
+    }
+}
+
+// One warp per (token, head): RMSNorm over dv with the plain ssm_norm weight, times SiLU(z).
+__global__ void dn_gated_norm_kernel(const float* __restrict__ o, const float* __restrict__ z, int ldz,
+                                     const float* __restrict__ norm, uint16_t* __restrict__ xb, int T, float eps) {
+    const int gw = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (gw >= T * NH) return;
+    const int t = gw / NH, h = gw % NH;
+    const float4 a = *reinterpret_cast<const float4*>(o + (size_t)t * NH * D + h * D + lane * 4);
+    const float ss = lb::warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
+    const float r = rsqrtf(ss / D + eps);
+    const float4 zz = *reinterpret_cast<const float4*>(z + (size_t)t * ldz + h * D + lane * 4);
+    const float4 w = *reinterpret_cast<const float4*>(norm + lane * 4);
+    uint2 out;
+    out.x = pack_bf2(a.x * r * w.x * siluf_(zz.x), a.y * r * w.y * siluf_(zz.y));
+    out.y = pack_bf2(a.z * r * w.z * siluf_(zz.z), a.w * r * w.w * siluf_(zz.w));
+    *reinterpret_cast<uint2*>(xb + (size_t)t * NH * D + h * D + lane * 4) = out;
+}
+
+}  // namespace
+
+size_t dn_scratch_bytes(int T, int H) {
+    const size_t tp = (size_t)n_chunks(T) * CH;
+    return ((size_t)2 * H * T * D + (size_t)H * tp * CH + (size_t)H * tp) * 4;
+}
+
+int dn_prepare() {
+    cudaError_t e = cudaFuncSetAttribute(dn_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PREP_SMEM);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(dn_chunk_scan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SCAN_SMEM);
+    return (int)e;
+}
+
+int dn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+               float* o, void* scratch, int T, int H, cudaStream_t s) {
+    const Scratch sc = carve(scratch, T, H);
+    dn_chunk_prep<<<dim3(n_chunks(T), H), 256, PREP_SMEM, s>>>(q, k, v, g, beta, sc, T);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return (int)e;
+    dn_chunk_scan<<<dim3(D / DVS, H), 256, SCAN_SMEM, s>>>(q, k, sc, state, o, T, H);
+    return (int)cudaGetLastError();
+}
+
+int dn_conv_prep(const float* y, int ldy, const float* ring, const float* conv_w, const float* ssm_a,
+                 const float* dt_bias, float* q, float* k, float* v, float* g, float* beta, int T, int pos0,
+                 cudaStream_t s) {
+    dn_conv_prep_kernel<<<T, 256, 0, s>>>(y, ldy, ring, conv_w, ssm_a, dt_bias, q, k, v, g, beta, T, pos0);
+    return (int)cudaGetLastError();
+}
+
+int dn_ring_write(const float* y, int ldy, float* ring, int T, int pos0, cudaStream_t s) {
+    dn_ring_write_kernel<<<24, 256, 0, s>>>(y, ldy, ring, T, pos0);
+    return (int)cudaGetLastError();
+}
+
+int dn_gated_norm(const float* o, const float* z, int ldz, const float* norm, uint16_t* xb, int T, float eps,
+                  cudaStream_t s) {
+    dn_gated_norm_kernel<<<(T * NH + 7) / 8, 256, 0, s>>>(o, z, ldz, norm, xb, T, eps);
+    return (int)cudaGetLastError();
+}
+
+}  // namespace pf
+
+extern "C" LB_API uint64_t lb_deltanet_chunked_scratch_bytes(int t, int h) {
+    return t >= 1 && h >= 1 ? (uint64_t)pf::dn_scratch_bytes(t, h) : 0;
+}
+
+extern "C" LB_API int lb_deltanet_chunked(const void* q, const void* k, const void* v, const void* g, const void* beta,
+                                          void* state, void* o, void* scratch, int t, int h, void* stream) {
+    LB_CHECK_ARG(q && k && v && g && beta && state && o && scratch, "null pointer");
+    LB_CHECK_ARG(t >= 1 && h >= 1, "t and h must be positive");
+    LB_CUDA_TRY((cudaError_t)pf::dn_prepare());
+    LB_CUDA_TRY((cudaError_t)pf::dn_chunked(static_cast<const float*>(q), static_cast<const float*>(k),
+                                             static_cast<const float*>(v), static_cast<const float*>(g),
+                                             static_cast<const float*>(beta), static_cast<float*>(state),
+                                             static_cast<float*>(o), scratch, t, h, static_cast<cudaStream_t>(stream)));
+    return LB_OK;
+}

@@ -1,0 +1,73 @@
+// Host-side launchers of the prefill ops (cuda/ops/{gemm_bf16,deltanet_chunked,attn_prefill,pf_small}.cu),
+// used by cuda/prefill/prefill_08b.cu and by the ops' own C API entry points. Each returns a
+// cudaError_t as int (the launch error; execution errors show at the next synchronising call).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+namespace pf {
+
+// ---- gemm_bf16.cu ----
+// Y = X[M,K] · W[N,K]ᵀ, bf16 inputs (row-major as stored), fp32 accumulate on tensor cores.
+enum { EPI_F32 = 0, EPI_RESID = 1, EPI_SWIGLU = 2 };
+// EPI_F32: Y fp32 [M, N]; EPI_RESID: Y fp32 [M, N] += result; EPI_SWIGLU: W has 2N rows (gate rows
+// [0, N), up rows [N, 2N)), Y bf16 [M, N] = SiLU(gate) * up. K % 32 == 0, N % 8 == 0.
+int gemm_bf16(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi, int sm_count,
+              cudaStream_t s);
+// Opt into the shared-memory sizes the GEMM variants need (once per device; idempotent).
+int gemm_bf16_prepare();
+
+// ---- deltanet_chunked.cu ---- (dk = dv = 128, chunk 64, everything fp32)
+constexpr int DN_D = 128;
+constexpr int DN_CHUNK = 64;
+// Scratch of the chunked rule for T tokens and H heads (u, w [H, Tp, 128], Aqk [H, Tp, 64], cum [H, Tp]).
+size_t dn_scratch_bytes(int T, int H);
+// Opt into the shared-memory sizes of the chunk kernels (idempotent).
+int dn_prepare();
+// q, k, v [H, T, 128] (q L2-normed and scaled by 1/sqrt(dk), k normed), g (log-decay), beta [H, T];
+// state [H, dv, dk] (the megakernel's transposed layout) read and overwritten with the final state;
+// o [T, H*128] token-major.
+int dn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+               float* o, void* scratch, int T, int H, cudaStream_t s);
+// Causal conv (kernel 4, history from the position ring `ring` [4, C], slot p % 4 = position p) +
+// SiLU over the qkv part of y rows (row stride ldy), q/k L2 norms, beta and g; writes q, k, v
+// [16, T, 128] and g, beta [16, T] (H = 16 heads, C = 6144 channels). pos0 = position of row 0.
+int dn_conv_prep(const float* y, int ldy, const float* ring, const float* conv_w, const float* ssm_a,
+                 const float* dt_bias, float* q, float* k, float* v, float* g, float* beta, int T, int pos0,
+                 cudaStream_t s);
+// ring slot (pos0 + t) % 4 <- pre-conv qkv of row t, for the last min(T, 4) rows (run after dn_conv_prep).
+int dn_ring_write(const float* y, int ldy, float* ring, int T, int pos0, cudaStream_t s);
+// xb[t, h*128 + d] = bf16(RMSNorm(o[t, h, :]) * norm[d] * SiLU(z[t, h*128 + d])), z row stride ldz.
+int dn_gated_norm(const float* o, const float* z, int ldz, const float* norm, uint16_t* xb, int T, float eps,
+                  cudaStream_t s);
+
+// ---- attn_prefill.cu ---- (head_dim 256, 4 query heads per kv head)
+constexpr int AT_D = 256;
+// From the in-projection rows y [T, ldy] = [q/gate interleaved (n_heads*512) | k (n_kv*256) | v]:
+// q -> RMSNorm1p(q_norm) + RoPE -> qf fp32 [T, n_heads, 256]; k -> norm + RoPE, v as is, both rounded to
+// bf16 into the caches [n_kv, max_ctx, 256] at positions pos0 + t.
+int attn_prep(const float* y, int ldy, const float* q_norm, const float* k_norm, float* qf, uint16_t* kc,
+              uint16_t* vc, int T, int pos0, int n_heads, int n_kv, int max_ctx, float eps, float theta,
+              cudaStream_t s);
+// Causal attention of T queries at positions pos0 + t over cache rows [0, pos0 + t], online softmax in
+// fp32; out bf16 [T, n_heads*256] = attention ⊙ sigmoid(gate[t*gate_ld + h*gate_hs + d]).
+int attn_flash(const float* qf, const uint16_t* kc, const uint16_t* vc, const float* gate, int gate_ld, int gate_hs,
+               uint16_t* out, int T, int pos0, int n_heads, int n_kv, int max_ctx, cudaStream_t s);
+int attn_prepare();
+
+// ---- pf_small.cu ----
+// h[t, :] = embed[tok[t], :] as fp32 (HID = 1024).
+int embed_gather(const uint16_t* embed, const int32_t* tok, float* h, int T, int hid, cudaStream_t s);
+// xb[t, :] = bf16(h[t, :] * rsqrt(mean(h²) + eps) * w); hid = 1024.
+int rmsnorm_bf16(const float* h, const float* w, uint16_t* xb, int T, int hid, float eps, cudaStream_t s);
+// logits[v] = RMSNorm(h_row, w) · E[v, :] for one row (hid = 1024); block partial argmaxes into
+// part_val/part_idx; returns the number of blocks through *n_part.
+int lm_head(const float* h_row, const float* w, const uint16_t* E, float* logits, float* part_val, int* part_idx,
+            int vocab, int hid, float eps, int* n_part, cudaStream_t s);
+// *out = argmax over the partials (ties: lower index, like np.argmax); also *out2 if not null.
+int argmax_reduce(const float* part_val, const int* part_idx, int n_part, int* out, int* out2, cudaStream_t s);
+int lm_head_max_parts(int vocab);
+
+}  // namespace pf

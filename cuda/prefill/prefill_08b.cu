@@ -1,0 +1,192 @@
+// The Qwen3.5-0.8B prefill on tensor cores, over a decode megakernel handle (cuda/megakernel/).
+//
+// It reads the handle's weights and writes the state its decode kernel reads, in that kernel's layouts:
+// K/V cache rows (bf16, K after norm + RoPE) at the prompt's positions, the DeltaNet recurrent state
+// (fp32, transposed [H, dv, dk]), the conv ring (slot p % 4 = pre-conv input of position p), the
+// pending token (*P.last_token), the last logits (P.logits) and the residual row (P.h); then it
+// advances the handle's position. A prompt longer than the context's max_chunk runs as several
+// segments, each continuing from the state the previous one left (the same path as a prompt that
+// follows earlier tokens), which bounds the scratch memory.
+//
+// Per layer: RMSNorm -> in-proj GEMM (fp32 out) -> DeltaNet (conv prep, chunked rule, gated norm) or
+// attention (prep into the cache, flash) -> out-proj GEMM + residual -> RMSNorm -> gate/up GEMM with
+// SwiGLU (bf16 out) -> down GEMM + residual. GEMM inputs are bf16 (rounded activations), accumulation
+// and everything between GEMMs is fp32.
+#include <algorithm>
+#include <new>
+
+#include "../megakernel/mk_handle.h"
+#include "../ops/pf_ops.h"
+#include "lb_check.cuh"
+#include "lucebox.h"
+
+namespace {
+
+struct Prefill {
+    mk::Handle* H = nullptr;
+    int max_chunk = 0;
+    int sm_count = 0;
+    int n_part = 0;
+    void* blob = nullptr;
+    int32_t* tok = nullptr;   // [Tm]
+    float* h = nullptr;       // [Tm, 1024] residual stream
+    uint16_t* xb = nullptr;   // [Tm, 2048] bf16 GEMM input (normed x, mixer output)
+    uint16_t* act = nullptr;  // [Tm, 3584] bf16 SwiGLU output
+    float* y = nullptr;       // [Tm, 8224] in-projection output
+    float *q = nullptr, *k = nullptr, *v = nullptr;  // [16, Tm, 128] DeltaNet; q doubles as attention qf
+    float *g = nullptr, *beta = nullptr;             // [16, Tm]
+    float* o = nullptr;       // [Tm, 2048] DeltaNet output before the gated norm
+    void* dn_scr = nullptr;
+    float* part_val = nullptr;
+    int* part_idx = nullptr;
+    int* am = nullptr;
+};
+
+size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+// Carve (or, with base == nullptr, size) the scratch blob.
+size_t carve(Prefill* P, char* base) {
+    const size_t Tm = (size_t)P->max_chunk;
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+        char* p = base ? base + off : nullptr;
+        off += align256(bytes);
+        return p;
+    };
+    P->tok = reinterpret_cast<int32_t*>(take(Tm * 4));
+    P->h = reinterpret_cast<float*>(take(Tm * mk::HID * 4));
+    P->xb = reinterpret_cast<uint16_t*>(take(Tm * mk::DN_Z * 2));
+    P->act = reinterpret_cast<uint16_t*>(take(Tm * mk::FFN * 2));
+    P->y = reinterpret_cast<float*>(take(Tm * mk::DN_IN * 4));
+    P->q = reinterpret_cast<float*>(take(Tm * mk::DN_Z * 4));
+    P->k = reinterpret_cast<float*>(take(Tm * mk::DN_Z * 4));
+    P->v = reinterpret_cast<float*>(take(Tm * mk::DN_Z * 4));
+    P->g = reinterpret_cast<float*>(take(Tm * mk::DN_H * 4));
+    P->beta = reinterpret_cast<float*>(take(Tm * mk::DN_H * 4));
+    P->o = reinterpret_cast<float*>(take(Tm * mk::DN_Z * 4));
+    P->dn_scr = take(pf::dn_scratch_bytes((int)Tm, mk::DN_H));
+    P->part_val = reinterpret_cast<float*>(take((size_t)P->n_part * 4));
+    P->part_idx = reinterpret_cast<int*>(take((size_t)P->n_part * 4));
+    P->am = reinterpret_cast<int*>(take(4));
+    return off;
+}
+
+#define PF_TRY(expr) LB_CUDA_TRY((cudaError_t)(expr))
+
+int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0) {
+    mk::Handle* H = P->H;
+    const cudaStream_t s = H->stream;
+    const float eps = H->cfg.rms_eps;
+    const int sms = P->sm_count;
+    PF_TRY(pf::rmsnorm_bf16(P->h, L.norm1, P->xb, T, mk::HID, eps, s));
+    if (!L.is_attn) {
+        PF_TRY(pf::gemm_bf16(P->xb, L.w_in, P->y, T, mk::DN_IN, mk::HID, pf::EPI_F32, sms, s));
+        PF_TRY(pf::dn_conv_prep(P->y, mk::DN_IN, L.conv_state, L.conv_w, L.ssm_a, L.dt_bias, P->q, P->k, P->v, P->g,
+                                P->beta, T, pos0, s));
+        PF_TRY(pf::dn_ring_write(P->y, mk::DN_IN, L.conv_state, T, pos0, s));
+        PF_TRY(pf::dn_chunked(P->q, P->k, P->v, P->g, P->beta, L.S, P->o, P->dn_scr, T, mk::DN_H, s));
+        PF_TRY(pf::dn_gated_norm(P->o, P->y + mk::DN_QKV, mk::DN_IN, L.ssm_norm, P->xb, T, eps, s));
+    } else {
+        const int mc = H->cfg.max_context;
+        PF_TRY(pf::gemm_bf16(P->xb, L.w_in, P->y, T, mk::AT_IN, mk::HID, pf::EPI_F32, sms, s));
+        PF_TRY(pf::attn_prep(P->y, mk::AT_IN, L.q_norm, L.k_norm, P->q, L.kc, L.vc, T, pos0, mk::AT_HQ, mk::AT_HKV, mc,
+                             eps, H->cfg.rope_theta, s));
+        // the gate of head h sits right after its q in the interleaved rows: offset 256, head stride 512
+        PF_TRY(pf::attn_flash(P->q, L.kc, L.vc, P->y + mk::AT_D, mk::AT_IN, 2 * mk::AT_D, P->xb, T, pos0, mk::AT_HQ,
+                              mk::AT_HKV, mc, s));
+    }
+    PF_TRY(pf::gemm_bf16(P->xb, L.w_out, P->h, T, mk::HID, mk::DN_Z, pf::EPI_RESID, sms, s));
+    PF_TRY(pf::rmsnorm_bf16(P->h, L.norm2, P->xb, T, mk::HID, eps, s));
+    PF_TRY(pf::gemm_bf16(P->xb, L.w_gu, P->act, T, mk::FFN, mk::HID, pf::EPI_SWIGLU, sms, s));
+    PF_TRY(pf::gemm_bf16(P->act, L.w_down, P->h, T, mk::HID, mk::FFN, pf::EPI_RESID, sms, s));
+    return LB_OK;
+}
+
+// One segment of at most max_chunk tokens at positions pos0 .. pos0 + T - 1.
+int segment(Prefill* P, const int32_t* tokens, int T, int pos0) {
+    mk::Handle* H = P->H;
+    LB_CUDA_TRY(cudaMemcpyAsync(P->tok, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, H->stream));
+    PF_TRY(pf::embed_gather(H->wblob, P->tok, P->h, T, mk::HID, H->stream));
+    for (int l = 0; l < H->cfg.n_layers; ++l) {
+        const int st = layer_forward(P, H->layers[l], T, pos0);
+        if (st != LB_OK) return st;
+    }
+    return LB_OK;
+}
+
+}  // namespace
+
+extern "C" LB_API int lb_mk_prefill_create(void* mk_handle, int max_chunk, void** prefill) {
+    LB_CHECK_ARG(mk_handle && prefill, "null argument");
+    *prefill = nullptr;
+    LB_CHECK_ARG(max_chunk >= 0 && max_chunk <= (1 << 16), "max_chunk out of range");
+    LB_API_BEGIN
+    mk::Handle* H = static_cast<mk::Handle*>(mk_handle);
+    Prefill* P = new Prefill();
+    P->H = H;
+    P->max_chunk = max_chunk > 0 ? max_chunk : 2048;
+    P->n_part = pf::lm_head_max_parts(H->cfg.vocab);
+    int st = LB_OK;
+    auto fail = [&](int status) {
+        cudaFree(P->blob);
+        delete P;
+        return status;
+    };
+    if (cudaSetDevice(H->cfg.device) != cudaSuccess)
+        return fail(lb::set_cuda_error(cudaGetLastError(), "cudaSetDevice", __FILE__, __LINE__));
+    cudaError_t e = cudaDeviceGetAttribute(&P->sm_count, cudaDevAttrMultiProcessorCount, H->cfg.device);
+    if (e == cudaSuccess) e = (cudaError_t)pf::gemm_bf16_prepare();
+    if (e == cudaSuccess) e = (cudaError_t)pf::dn_prepare();
+    if (e == cudaSuccess) e = (cudaError_t)pf::attn_prepare();
+    if (e == cudaSuccess) e = cudaMalloc(&P->blob, carve(P, nullptr));
+    if (e != cudaSuccess) return fail(lb::set_cuda_error(e, "prefill setup", __FILE__, __LINE__));
+    carve(P, static_cast<char*>(P->blob));
+    *prefill = P;
+    return st;
+    LB_API_END
+}
+
+extern "C" LB_API int lb_mk_prefill_free(void* prefill) {
+    if (!prefill) return LB_OK;
+    Prefill* P = static_cast<Prefill*>(prefill);
+    cudaFree(P->blob);
+    delete P;
+    return LB_OK;
+}
+
+extern "C" LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n, float* logits, int32_t* argmax_out) {
+    LB_CHECK_ARG(prefill && tokens, "null argument");
+    Prefill* P = static_cast<Prefill*>(prefill);
+    mk::Handle* H = P->H;
+    LB_CHECK_ARG(!H->running, "a decode launch is in flight");
+    LB_CHECK_ARG(n >= 1, "n must be at least 1");
+    if (H->pos + n > H->cfg.max_context)
+        return lb::set_error(LB_ERR_INVALID_ARG, "lb_mk_prefill: position %d + %d tokens exceeds max_context %d",
+                             H->pos, n, H->cfg.max_context);
+    for (int i = 0; i < n; ++i) LB_CHECK_ARG(tokens[i] >= 0 && tokens[i] < H->cfg.vocab, "token id out of range");
+    LB_CUDA_TRY(cudaSetDevice(H->cfg.device));
+    LB_CUDA_TRY(cudaEventRecord(H->ev0, H->stream));
+    int done = 0, last_T = 0;
+    while (done < n) {
+        last_T = std::min(P->max_chunk, n - done);
+        const int st = segment(P, tokens + done, last_T, H->pos + done);
+        if (st != LB_OK) return st;
+        done += last_T;
+    }
+    const float* hlast = P->h + (size_t)(last_T - 1) * mk::HID;
+    int n_part = 0;
+    PF_TRY(pf::lm_head(hlast, H->out_norm, H->wblob, H->P.logits, P->part_val, P->part_idx, H->cfg.vocab, mk::HID,
+                       H->cfg.rms_eps, &n_part, H->stream));
+    PF_TRY(pf::argmax_reduce(P->part_val, P->part_idx, n_part, P->am, H->P.last_token, H->stream));
+    LB_CUDA_TRY(cudaMemcpyAsync(H->P.h, hlast, mk::HID * 4, cudaMemcpyDeviceToDevice, H->stream));
+    LB_CUDA_TRY(cudaEventRecord(H->ev1, H->stream));
+    int am = -1;
+    LB_CUDA_TRY(cudaMemcpyAsync(&am, P->am, 4, cudaMemcpyDeviceToHost, H->stream));
+    if (logits)
+        LB_CUDA_TRY(cudaMemcpyAsync(logits, H->P.logits, (size_t)H->cfg.vocab * 4, cudaMemcpyDeviceToHost, H->stream));
+    LB_CUDA_TRY(cudaStreamSynchronize(H->stream));
+    H->pos += n;
+    H->pending = am;
+    if (argmax_out) *argmax_out = am;
+    return LB_OK;
+}

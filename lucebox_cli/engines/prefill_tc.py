@@ -1,0 +1,50 @@
+"""The tensor-core prefill (cuda/prefill/prefill_08b.cu) over a MegakernelEngine's handle.
+
+`TensorCorePrefill(engine)` owns a prefill context (scratch for `max_chunk` tokens; longer prompts run
+in segments) that borrows the engine's megakernel handle: close it before the engine. `run(tokens)`
+appends the tokens at the engine's position and writes the K/V cache, conv ring, recurrent state and
+pending token exactly as the decode kernel reads them, so `engine.decode(n)` continues from it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from lucebox_cli.errors import UsageError
+
+
+class TensorCorePrefill:
+    def __init__(self, engine: Any, max_chunk: int = 0):
+        self.lib = engine.lib
+        self.vocab = int(engine.cfg.vocab)
+        self._ctx = ctypes.c_void_p()
+        self.lib.call("lb_mk_prefill_create", engine._handle, int(max_chunk), ctypes.byref(self._ctx))
+
+    def run(self, token_ids: Sequence[int], *, want_logits: bool = True) -> tuple[int, Optional[np.ndarray]]:
+        """(argmax of the last position, its logits [vocab] or None)."""
+        if not self._ctx:
+            raise UsageError("this prefill context was closed")
+        tokens = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64).reshape(-1), dtype=np.int32)
+        if tokens.size == 0:
+            raise UsageError("prefill needs at least one token")
+        logits = np.empty(self.vocab, dtype=np.float32) if want_logits else None
+        am = ctypes.c_int32(-1)
+        self.lib.call(
+            "lb_mk_prefill", self._ctx, tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), int(tokens.size),
+            logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if logits is not None else None, ctypes.byref(am),
+        )
+        return int(am.value), logits
+
+    def close(self) -> None:
+        if self._ctx:
+            self.lib.fn.lb_mk_prefill_free(self._ctx)
+            self._ctx = ctypes.c_void_p()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,324 @@
+"""The tensor-core prefill (cuda/ops/{gemm_bf16,deltanet_chunked,attn_prefill}.cu, cuda/prefill/) on the GPU.
+
+Each op against a numpy reference at odd sizes with NaN-poisoned outputs (device buffers through
+torch); then the whole 0.8B prefill at the real widths with random weights against the CPU engine
+(last logits AND the state it leaves: recurrent state, conv ring, K/V cache), and decode after the
+tensor-core prefill against decode after the megakernel's own token-by-token prefill.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+import pytest
+
+from lucebox_cli.engines import megakernel as mkmod
+from lucebox_cli.engines.cpu import CPUEngine, gated_delta_recurrent
+from lucebox_cli.engines.prefill_tc import TensorCorePrefill
+from lucebox_cli.models.qwen35 import ATTENTION, DELTANET, Qwen35Config
+
+pytestmark = pytest.mark.gpu
+
+GEMM_F32, GEMM_RESID, GEMM_SWIGLU = 0, 1, 2
+MAX_CTX = 1024
+
+
+def rel_rms(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b**2)))
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bf16 (as float32)."""
+    return mkmod.bf16_bits_to_f32(mkmod.to_bf16_bits(x))
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return mkmod.open_gpu()[0]
+
+
+@pytest.fixture(scope="module")
+def torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return torch
+
+
+def dev(torch, a: np.ndarray):
+    """A device copy of a numpy array (uint16 bf16 bits travel as int16)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.uint16:
+        a = a.view(np.int16)
+    return torch.from_numpy(a.copy()).cuda()
+
+
+def ptr(t, offset_bytes: int = 0) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr() + offset_bytes)
+
+
+def host(torch, t, dtype=np.float32) -> np.ndarray:
+    torch.cuda.synchronize()
+    a = t.cpu().numpy()
+    return mkmod.bf16_bits_to_f32(a.view(np.uint16)) if dtype == "bf16" else a
+
+
+def nan_f32(torch, *shape):
+    return torch.full(shape, float("nan"), dtype=torch.float32, device="cuda")
+
+
+def nan_bf16(torch, *shape):
+    # 0xFFFF is a NaN in bf16
+    return torch.full(shape, -1, dtype=torch.int16, device="cuda")
+
+
+# ---- gemm_bf16 -----------------------------------------------------------------------------------
+
+
+_EPI = {GEMM_F32: "f32", GEMM_RESID: "resid", GEMM_SWIGLU: "swiglu"}
+_GEMM_CASES = [(37, 3584, 1024, GEMM_SWIGLU), (129, 6144, 1024, GEMM_F32), (520, 1024, 2048, GEMM_RESID),
+               (520, 8224, 1024, GEMM_F32), (1, 1024, 3584, GEMM_RESID), (520, 3584, 1024, GEMM_SWIGLU),
+               (37, 5120, 1024, GEMM_F32), (200, 1000, 96, GEMM_F32)]
+
+
+@pytest.mark.parametrize("m,n,k,epi", [pytest.param(*c, id=f"M{c[0]}-N{c[1]}-K{c[2]}-{_EPI[c[3]]}") for c in _GEMM_CASES])
+def test_gemm_bf16(lib, torch, m, n, k, epi):
+    rng = np.random.default_rng(m * 7 + n + k)
+    x = bf16(rng.standard_normal((m, k), dtype=np.float32))
+    rows = 2 * n if epi == GEMM_SWIGLU else n
+    w = bf16(rng.standard_normal((rows, k), dtype=np.float32) / np.float32(np.sqrt(k)))
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    if epi == GEMM_SWIGLU:
+        g, u = ref[:, :n], ref[:, n:]
+        ref = g / (1.0 + np.exp(-g)) * u
+    y0 = rng.standard_normal((m, n), dtype=np.float32)
+    if epi == GEMM_RESID:
+        ref = ref + y0
+        dy = dev(torch, y0)
+    else:
+        dy = nan_bf16(torch, m, n) if epi == GEMM_SWIGLU else nan_f32(torch, m, n)
+    dx, dw = dev(torch, mkmod.to_bf16_bits(x)), dev(torch, mkmod.to_bf16_bits(w))
+    lib.call("lb_gemm_bf16", ptr(dx), ptr(dw), ptr(dy), m, n, k, epi, None)
+    got = host(torch, dy, "bf16" if epi == GEMM_SWIGLU else np.float32)
+    assert np.isfinite(got).all(), "unwritten (NaN) outputs"
+    err = rel_rms(got, ref)
+    # fp32 accumulation order only; the SwiGLU output is rounded to bf16
+    assert err < (4e-3 if epi == GEMM_SWIGLU else 1e-5), err
+
+
+# ---- deltanet_chunked ----------------------------------------------------------------------------
+
+
+def delta_inputs(t_len: int, h: int, g_max: float, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    q = (unit(rng.standard_normal((t_len, h, 128))) / np.sqrt(128)).astype(np.float32)
+    k = unit(rng.standard_normal((t_len, h, 128))).astype(np.float32)
+    v = rng.standard_normal((t_len, h, 128)).astype(np.float32)
+    g = (-rng.uniform(0.0, g_max, (t_len, h))).astype(np.float32)
+    beta = rng.uniform(0.05, 1.0, (t_len, h)).astype(np.float32)
+    state = rng.standard_normal((h, 128, 128)).astype(np.float32)
+    return q, k, v, g, beta, state
+
+
+@pytest.mark.parametrize("t_len,h,g_max", [(1, 2, 1.5), (37, 4, 1.5), (64, 3, 0.2), (129, 16, 1.5), (200, 2, 12.0),
+                                           (520, 16, 1.5)], ids=lambda p: f"{p}")
+def test_deltanet_chunked_vs_recurrent(lib, torch, t_len, h, g_max):
+    q, k, v, g, beta, state = delta_inputs(t_len, h, g_max, seed=t_len + h)
+    o_ref, s_ref = gated_delta_recurrent(q, k, v, g, beta, state)  # s [H, dk, dv]
+    head_major = lambda x: dev(torch, x.transpose(1, 0, 2))  # noqa: E731  [H, T, 128]
+    dq, dk_, dv_ = head_major(q), head_major(k), head_major(v)
+    dg, db = dev(torch, g.T), dev(torch, beta.T)
+    ds = dev(torch, state.transpose(0, 2, 1))  # the megakernel's [H, dv, dk]
+    do = nan_f32(torch, t_len, h * 128)
+    nbytes = int(lib.fn.lb_deltanet_chunked_scratch_bytes(t_len, h))
+    scratch = torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda")  # NaN-filled scratch
+    lib.call("lb_deltanet_chunked", ptr(dq), ptr(dk_), ptr(dv_), ptr(dg), ptr(db), ptr(ds), ptr(do), ptr(scratch),
+             t_len, h, None)
+    o = host(torch, do).reshape(t_len, h, 128)
+    s = host(torch, ds).transpose(0, 2, 1)
+    assert np.isfinite(o).all() and np.isfinite(s).all()
+    eo, es = rel_rms(o, o_ref), rel_rms(s, s_ref)
+    print(f"T={t_len} H={h}: outputs {eo:.2e}, final state {es:.2e}")
+    assert eo < 1e-4 and es < 1e-4
+
+
+# ---- attn_prefill --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t_len,pos0", [(1, 0), (37, 0), (129, 100), (520, 0), (9, 300)], ids=lambda p: str(p))
+def test_attn_prefill(lib, torch, t_len, pos0):
+    nh, nkv, d = 8, 2, 256
+    max_ctx = pos0 + t_len + 5
+    rng = np.random.default_rng(t_len + pos0)
+    q = rng.standard_normal((t_len, nh, d), dtype=np.float32)
+    kc = bf16(rng.standard_normal((nkv, max_ctx, d), dtype=np.float32))
+    vc = bf16(rng.standard_normal((nkv, max_ctx, d), dtype=np.float32))
+    y = rng.standard_normal((t_len, nh * 2 * d), dtype=np.float32)  # [q_h | gate_h] per head, like attn_q rows
+    ref = np.empty((t_len, nh, d))
+    pos = pos0 + np.arange(t_len)
+    for h in range(nh):
+        keys, vals = kc[h // 4, : pos0 + t_len].astype(np.float64), vc[h // 4, : pos0 + t_len].astype(np.float64)
+        s = q[:, h].astype(np.float64) @ keys.T / 16.0
+        s = np.where(np.arange(pos0 + t_len)[None, :] <= pos[:, None], s, -np.inf)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        o = (p / p.sum(axis=1, keepdims=True)) @ vals
+        gate = y[:, h * 2 * d + d : (h + 1) * 2 * d]
+        ref[:, h] = o / (1.0 + np.exp(-gate))
+    dq, dk_, dv_, dy = dev(torch, q), dev(torch, mkmod.to_bf16_bits(kc)), dev(torch, mkmod.to_bf16_bits(vc)), dev(torch, y)
+    out = nan_bf16(torch, t_len, nh * d)
+    lib.call("lb_attn_prefill", ptr(dq), ptr(dk_), ptr(dv_), ptr(dy, d * 4), nh * 2 * d, 2 * d, ptr(out), t_len, pos0,
+             nh, nkv, max_ctx, None)
+    got = host(torch, out, "bf16").reshape(t_len, nh, d)
+    assert np.isfinite(got).all()
+    assert rel_rms(got, ref) < 4e-3
+
+
+# ---- the whole prefill ---------------------------------------------------------------------------
+
+
+def real_config(n_layers: int) -> Qwen35Config:
+    kinds = tuple(ATTENTION if (i + 1) % 4 == 0 else DELTANET for i in range(n_layers))
+    return Qwen35Config(hidden=1024, n_layers=n_layers, n_heads=8, n_kv_heads=2, head_dim=256, hk=16, hv=16,
+                        dk=128, dv=128, conv_kernel=4, ffn=3584, vocab=248320, rope_theta=1e7, rope_dims=64,
+                        eps=1e-6, tied=True, layer_types=kinds, full_attention_interval=4)
+
+
+@functools.lru_cache(maxsize=1)
+def model(n_layers: int, seed: int = 0) -> tuple[Qwen35Config, dict[str, np.ndarray]]:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from make_random_08b import random_internal_weights
+
+    cfg = real_config(n_layers)
+    w = random_internal_weights(cfg, seed)
+    return cfg, {name: bf16(v) for name, v in w.items()}
+
+
+def check_state(cpu: CPUEngine, gpu, n: int, tol: float = 1e-2) -> None:
+    """Everything the decode kernel will read after n tokens, against the CPU engine's state."""
+    worst = {}
+    for layer in range(cpu.cfg.n_layers):
+        if cpu.cfg.is_attention(layer):
+            errs = {"k": rel_rms(gpu.read(mkmod.READ_KCACHE, layer)[:n], cpu._k_cache[layer][:n]),
+                    "v": rel_rms(gpu.read(mkmod.READ_VCACHE, layer)[:n], cpu._v_cache[layer][:n])}
+        else:
+            conv = gpu.read(mkmod.READ_CONV, layer)
+            ring = np.stack([conv[(n - 3 + j) % 4] for j in range(3)])
+            errs = {"S": rel_rms(gpu.read(mkmod.READ_STATE, layer), cpu._state[layer]),
+                    "conv": rel_rms(ring, cpu._conv[layer])}
+        for key, e in errs.items():
+            worst[key] = max(worst.get(key, 0.0), e)
+            assert e < tol, f"layer {layer} {key}: relative RMS {e:.2e}"
+    print("worst state errors:", {k: f"{v:.2e}" for k, v in worst.items()})
+
+
+def test_prefill_matches_cpu_engine_24_layers():
+    cfg, w = model(24)
+    prompt = np.random.default_rng(1).integers(0, cfg.vocab, 520)
+    cpu = CPUEngine(cfg, w, max_context=MAX_CTX)
+    ref = cpu.prefill(prompt)
+    gpu = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX)
+    pf = TensorCorePrefill(gpu)
+    try:
+        gpu.poison()
+        am, got = pf.run(prompt)
+        assert np.isfinite(got).all(), "unwritten or NaN logits"
+        err = rel_rms(got, ref)
+        print(f"pp520 last logits relative RMS vs CPU: {err:.2e}")
+        assert err < 1e-2
+        assert am == int(np.argmax(got)) and gpu.pending == am and gpu.n_past == 520
+        assert np.array_equal(gpu.read(mkmod.READ_LOGITS), got)
+        check_state(cpu, gpu, 520)
+    finally:
+        pf.close()
+        gpu.close()
+
+
+def test_decode_after_prefill_equals_decode_only_24_layers():
+    cfg, w = model(24)
+    prompt = np.random.default_rng(2).integers(0, cfg.vocab, 200)
+    a = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX)
+    b = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX)
+    pf = TensorCorePrefill(a)
+    try:
+        la = pf.run(prompt)[1]
+        lb = b.prefill(prompt)
+        err = rel_rms(la, lb)
+        print(f"prefill logits, tensor-core vs decode kernel: {err:.2e}")
+        assert err < 1e-2
+        feed = [int(np.argmax(lb))] + np.random.default_rng(3).integers(0, cfg.vocab, 15).tolist()
+        worst = 0.0
+        for step, tok in enumerate(feed):
+            a.poison()
+            ga, gb = a.step(tok), b.step(tok)
+            e = rel_rms(ga, gb)
+            worst = max(worst, e)
+            assert e < 1e-2, f"decode step {step}: relative RMS {e:.2e}"
+        print(f"decode after prefill vs decode only, worst over {len(feed)} steps: {worst:.2e}")
+    finally:
+        pf.close()
+        a.close()
+        b.close()
+
+
+def test_segmented_prefill_after_decode_4_layers():
+    """Prompt, one decode step, then a prompt longer than max_chunk: the hand-offs between the two
+    kernels (conv ring, state, cache rows) and between segments, against the CPU engine."""
+    cfg, w = model4()
+    rng = np.random.default_rng(4)
+    p1, p2 = rng.integers(0, cfg.vocab, 37), rng.integers(0, cfg.vocab, 150)
+    cpu = CPUEngine(cfg, w, max_context=MAX_CTX)
+    gpu = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX)
+    pf = TensorCorePrefill(gpu, max_chunk=64)
+    try:
+        assert rel_rms(pf.run(p1)[1], cpu.prefill(p1)) < 1e-2
+        assert rel_rms(gpu.step(777), cpu.step(777)) < 1e-2
+        gpu.poison()
+        got, ref = pf.run(p2)[1], cpu.prefill(p2)
+        assert np.isfinite(got).all() and rel_rms(got, ref) < 1e-2
+        check_state(cpu, gpu, 37 + 1 + 150)
+        # greedy continuation on the small model: identical tokens
+        want, logits = [], ref
+        for _ in range(24):
+            want.append(int(np.argmax(logits)))
+            logits = cpu.step(want[-1])
+        assert gpu.pending == want[0]
+        assert [want[0]] + gpu.decode(23).tolist() == want
+    finally:
+        pf.close()
+        gpu.close()
+
+
+@functools.lru_cache(maxsize=1)
+def model4() -> tuple[Qwen35Config, dict[str, np.ndarray]]:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from make_random_08b import random_internal_weights
+
+    cfg = real_config(4)
+    return cfg, {name: bf16(v) for name, v in random_internal_weights(cfg, 5).items()}
+
+
+def test_prefill_refuses_overflow_and_bad_tokens():
+    cfg, w = model4()
+    gpu = mkmod.MegakernelEngine(cfg, w, max_context=64)
+    pf = TensorCorePrefill(gpu)
+    try:
+        from lucebox_cli.errors import LuceboxError
+
+        with pytest.raises(LuceboxError, match="max_context"):
+            pf.run(np.zeros(65, dtype=np.int64))
+        with pytest.raises(LuceboxError, match="out of range"):
+            pf.run([cfg.vocab])
+        assert gpu.n_past == 0
+    finally:
+        pf.close()
+        gpu.close()

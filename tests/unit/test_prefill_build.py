@@ -1,0 +1,88 @@
+"""The tensor-core prefill without a GPU: its sources compile for every profile's arch with no register
+spills, its C entry points reject bad arguments before touching CUDA, and the engine path reports a
+missing GPU cleanly."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lucebox_cli.config import get_profile
+from lucebox_cli.engines import _lib
+from lucebox_cli.errors import EngineUnavailable
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCES = ["cuda/ops/gemm_bf16.cu", "cuda/ops/deltanet_chunked.cu", "cuda/ops/attn_prefill.cu", "cuda/ops/pf_small.cu",
+           "cuda/prefill/prefill_08b.cu"]
+PROFILES = ["rtx3090-sm86", "h200-sm90"]
+
+
+def _nvcc() -> str | None:
+    return shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+@pytest.mark.parametrize("profile", PROFILES)
+def test_sources_compile_without_spills(profile: str, tmp_path: Path):
+    arch = get_profile(profile).arch
+    # the Makefile's flags (NVCCFLAGS) plus ptxas statistics
+    flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", "--expt-relaxed-constexpr",
+             f"-arch={arch}", "-Icuda/include", "-Icuda/common", "-Xptxas", "-v"]
+    procs = [subprocess.Popen([_nvcc(), *flags, "-c", src, "-o", str(tmp_path / (Path(src).stem + ".o"))], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for src in SOURCES]
+    for src, proc in zip(SOURCES, procs):
+        out = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, f"{src} ({arch}):\n{out[-3000:]}"
+        spills = [line for line in out.splitlines() if re.search(r"[1-9]\d* bytes spill", line)]
+        assert not spills, f"{src} ({arch}) spills registers:\n" + "\n".join(spills)
+
+
+def _built_lib():
+    for profile in PROFILES:
+        path = _lib.lib_path(profile)
+        if path.exists():
+            return _lib.open_lib(path, profile)
+    pytest.skip("no built liblucebox.so (make build PROFILE=…)")
+
+
+def test_entry_points_reject_bad_arguments_without_a_gpu():
+    lib = _built_lib()
+    fn = lib.fn
+    handle = ctypes.c_void_p()
+    assert fn.lb_mk_prefill_create(None, 0, ctypes.byref(handle)) == _lib.LB_ERR_INVALID_ARG
+    assert "null" in lib.last_error()
+    assert fn.lb_mk_prefill(None, None, 1, None, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_mk_prefill_free(None) == _lib.LB_OK
+    p = ctypes.c_void_p(16)  # never dereferenced: the shape checks fail first
+    assert fn.lb_gemm_bf16(p, p, p, 37, 1024, 1000, 0, None) == _lib.LB_ERR_INVALID_ARG  # K % 32
+    assert "multiple of 32" in lib.last_error()
+    assert fn.lb_gemm_bf16(p, p, p, 37, 1020, 1024, 0, None) == _lib.LB_ERR_INVALID_ARG  # N % 8
+    assert fn.lb_gemm_bf16(p, p, p, 37, 1024, 1024, 3, None) == _lib.LB_ERR_INVALID_ARG  # epilogue
+    assert fn.lb_attn_prefill(p, p, p, p, 4096, 512, p, 37, 0, 8, 3, 64, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_attn_prefill(p, p, p, p, 4096, 512, p, 37, 40, 8, 2, 64, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_deltanet_chunked(p, p, p, p, p, p, p, p, 0, 16, None) == _lib.LB_ERR_INVALID_ARG
+    # u, w [H, T, 128] + Aqk [H, Tp, 64] + cum [H, Tp], Tp = T rounded up to the chunk (64)
+    t, h, tp = 520, 16, 576
+    assert fn.lb_deltanet_chunked_scratch_bytes(t, h) == 4 * (2 * h * t * 128 + h * tp * 64 + h * tp)
+    assert fn.lb_deltanet_chunked_scratch_bytes(0, 16) == 0
+
+
+def test_engine_without_gpu_is_engine_unavailable(monkeypatch):
+    monkeypatch.setenv(_lib.FORCE_NO_GPU_ENV, "1")
+    from lucebox_cli.engines import megakernel as mkmod
+
+    with pytest.raises(EngineUnavailable) as info:
+        mkmod.open_gpu()
+    assert "GPU" in info.value.message and info.value.hint
+
+
+def test_prefill_wrapper_has_no_import_side_effects():
+    code = "import lucebox_cli.engines.prefill_tc, sys; print('lucebox_cli.engines._lib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
