@@ -1,4 +1,9 @@
-"""Small pieces the quantizer kernels share: input checks, C float→int conversions, fp16 stores."""
+"""Small pieces the quantizer kernels share: input checks, C float→int conversions, fp16 stores.
+
+Numba's on-disk cache (cache=True) is keyed on the file that defines a kernel, not on the helpers it
+inlines from other files: after editing a helper here, in floats.py or in q4_k.py (Q5_K reuses it),
+delete lucebox_cli/quant/__pycache__/*.nbi *.nbc or the old machine code keeps running.
+"""
 
 from __future__ import annotations
 
