@@ -17,7 +17,21 @@ import functools
 import sys
 
 import numpy as np
-import pytest
+
+try:
+    import pytest
+except ImportError:  # script mode on a machine without pytest: decorators become no-ops
+
+    class _Shim:
+        def __getattr__(self, _name):
+            return lambda *a, **k: (lambda f: f)
+
+        @staticmethod
+        def skip(reason: str):
+            raise RuntimeError(reason)
+
+    pytest = _Shim()
+    pytest.mark = _Shim()
 
 pytestmark = pytest.mark.gpu
 
@@ -28,11 +42,27 @@ SCALE = {"Q8_0": 4e-3, "Q4_K": 1e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}
 TOL = 1e-3
 
 
+API = ("lb_quant_bytes", "lb_quant_repack", "lb_quant_fill_random", "lb_gemv_q", "lb_gemm_q_smalln", "lb_bench_qmm",
+       "lb_dev_alloc", "lb_dev_free", "lb_dev_h2d", "lb_dev_d2h", "lb_dev_memset", "lb_dev_sync", "lb_last_error")
+
+
 @functools.lru_cache(maxsize=1)
 def lib():
+    import os
+    from pathlib import Path
+
     from lucebox_cli.config import resolve_profile
     from lucebox_cli.engines import _lib
 
+    alone = os.environ.get("LUCEBOX_QMM_LIB")
+    if alone:
+        # a library of just these ops (scripts/device_quant.sh builds one when the full build fails):
+        # only this op's rows of the declaration table apply
+        cdll = ctypes.CDLL(alone)
+        for name in API:
+            fn = getattr(cdll, name)
+            fn.restype, fn.argtypes = _lib.DECLS[name]
+        return _lib.Lib(path=Path(alone), cdll=cdll)
     probe = _lib.probe_gpus()
     if not probe.gpus:
         pytest.skip(f"no GPU: {probe.reason}")
