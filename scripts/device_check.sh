@@ -41,9 +41,10 @@ echo "== random model + bench"
 MODEL=/tmp/random-qwen3.5-0.8b
 python3 scripts/make_random_08b.py "$MODEL" ${GGUF:---no-gguf} >> "$OUT/setup.log" 2>&1 || echo "model write failed"
 BENCH=(bench speed "$MODEL" -p "${PP:-520}" -n "${TG:-128}" -r "${REPS:-5}")
-run_lucebox() { python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' "$@"; }
+
 if python3 -c 'import lucebox_cli.cli.bench' 2>/dev/null; then
-  timeout 240 run_lucebox "${BENCH[@]}" --json > "$OUT/bench.json" 2> "$OUT/bench.err"
+  timeout 240 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' "${BENCH[@]}" --json \
+    > "$OUT/bench.json" 2> "$OUT/bench.err"
 else
   timeout 240 python3 - "$MODEL" > "$OUT/bench.json" 2> "$OUT/bench.err" <<'PY'
 import os, sys

@@ -180,8 +180,8 @@ __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
 #if LB_DEVICE_ARCH >= 900
 // sm_90: one thread moves a whole chunk with the bulk copy engine; the mbarrier counts its bytes.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-    // the slot was just read through the generic proxy; order those reads before the async write
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    // No proxy fence before the write: the slot's generic reads completed before the __syncthreads
+    // that precedes this call (the same consumer-release order CUTLASS's TMA pipelines rely on).
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),

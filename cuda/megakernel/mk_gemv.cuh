@@ -98,6 +98,21 @@ __device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring&
     }
 }
 
+// 8 bf16 weights (16 bytes) of one row against xs[e .. e+8).
+__device__ __forceinline__ float dot8(const uint16_t* wrow, int e, const float* xs) {
+    const uint4 wv = *reinterpret_cast<const uint4*>(wrow + e);
+    const float4 xa = *reinterpret_cast<const float4*>(xs + e);
+    const float4 xb = *reinterpret_cast<const float4*>(xs + e + 4);
+    float s = bf16_lo(wv.x) * xa.x;
+    s = fmaf(bf16_hi(wv.x), xa.y, s);
+    s = fmaf(bf16_lo(wv.y), xa.z, s);
+    s = fmaf(bf16_hi(wv.y), xa.w, s);
+    s = fmaf(bf16_lo(wv.z), xb.x, s);
+    s = fmaf(bf16_hi(wv.z), xb.y, s);
+    s = fmaf(bf16_lo(wv.w), xb.z, s);
+    return fmaf(bf16_hi(wv.w), xb.w, s);
+}
+
 // One GEMV phase: y[row] = W[row, :] · xs for this block's rows; epi(row, value) consumes each result
 // (called by thread t < rows-in-chunk for row t of the chunk). xs must be ready in shared memory.
 template <class Epi>
@@ -113,21 +128,26 @@ __device__ __forceinline__ void gemv_run(const Params& P, const Smem& sm, Ring& 
         mbar_wait(&sm.mbar[slot], R.tpar);
         float* acc = sm.acc + (R.tail & 1) * MAX_RPC;
         const uint16_t* ws = reinterpret_cast<const uint16_t*>(sm.slots + (size_t)slot * SLOT_BYTES);
-        for (int it = warp; it < n * segs; it += WARPS) {
+        // Two items per pass: their loads and shuffle reductions interleave (half the latency chain).
+        const int items = n * segs;
+        int it = warp;
+        for (; it + WARPS < items; it += 2 * WARPS) {
+            const int ra = it / segs, rb = (it + WARPS) / segs;
+            float sa = dot8(ws + ra * K, (it - ra * segs) * 256 + lane * 8, sm.xs);
+            float sb = dot8(ws + rb * K, (it + WARPS - rb * segs) * 256 + lane * 8, sm.xs);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                sa += __shfl_xor_sync(LB_FULL_MASK, sa, off);
+                sb += __shfl_xor_sync(LB_FULL_MASK, sb, off);
+            }
+            if (lane == 0) {
+                atomicAdd(&acc[ra], sa);
+                atomicAdd(&acc[rb], sb);
+            }
+        }
+        if (it < items) {
             const int r = it / segs;
-            const int e = (it - r * segs) * 256 + lane * 8;
-            const uint4 wv = *reinterpret_cast<const uint4*>(ws + r * K + e);
-            const float4 xa = *reinterpret_cast<const float4*>(sm.xs + e);
-            const float4 xb = *reinterpret_cast<const float4*>(sm.xs + e + 4);
-            float s = bf16_lo(wv.x) * xa.x;
-            s = fmaf(bf16_hi(wv.x), xa.y, s);
-            s = fmaf(bf16_lo(wv.y), xa.z, s);
-            s = fmaf(bf16_hi(wv.y), xa.w, s);
-            s = fmaf(bf16_lo(wv.z), xb.x, s);
-            s = fmaf(bf16_hi(wv.z), xb.y, s);
-            s = fmaf(bf16_lo(wv.w), xb.z, s);
-            s = fmaf(bf16_hi(wv.w), xb.w, s);
-            s = lb::warp_sum(s);
+            const float s = lb::warp_sum(dot8(ws + r * K, (it - r * segs) * 256 + lane * 8, sm.xs));
             if (lane == 0) atomicAdd(&acc[r], s);
         }
         // All reads of the slot and all partial sums are done: the slot may be refilled.
