@@ -5,9 +5,9 @@
   - tg<N>: reset, prefill the same N-token prompt untimed, then time N generated tokens starting from
     that context (engine.decode(n) where the engine has it, else a greedy step loop). The prefill's own
     argmax token is not counted.
-Warm-up runs (default 1 per test) are excluded. Energy (NVML) is read around the timed repetitions;
-when they last under a second, extra untimed-for-speed repetitions extend the energy window, so tok/J
-does not rest on a counter that ticked once.
+Warm-up runs (default 1 per test) are excluded. Energy (NVML) is read around each timed region only
+(the tg test's untimed prefill is outside it); when the timed regions add up to under a second, extra
+runs extend the energy window, so tok/J does not rest on a counter that ticked once.
 """
 
 from __future__ import annotations
@@ -34,22 +34,26 @@ def summarize(samples: Sequence[float]) -> dict[str, float]:
     }
 
 
-def repeat(run_once: Callable[[], tuple[float, int]], *, reps: int, warmup: int = 1,
-           meter: Optional[EnergyMeter] = None) -> tuple[list[float], Optional[float]]:
-    """run_once() -> (seconds, tokens). Returns (tokens/s per rep, tokens per joule or None)."""
+def repeat(run_once: Callable[[], tuple[float, int, Optional[float]]], *, reps: int, warmup: int = 1,
+           need_energy: bool = False) -> tuple[list[float], Optional[float]]:
+    """run_once() -> (seconds, tokens, joules of the timed region or None).
+
+    Returns (tokens/s per rep, tokens per joule or None). Energy sums only timed regions; when they add
+    up to under MIN_ENERGY_S, extra runs extend the energy window (their speed is not sampled).
+    """
     for _ in range(warmup):
         run_once()
-    e0 = meter.read_j() if meter else None
-    rates, total_s, total_tok = [], 0.0, 0
+    rates, total_s, total_tok, total_j = [], 0.0, 0, 0.0
     for _ in range(reps):
-        s, n = run_once()
+        s, n, j = run_once()
         rates.append(n / s)
         total_s, total_tok = total_s + s, total_tok + n
-    while meter is not None and e0 is not None and total_s < MIN_ENERGY_S:
-        s, n = run_once()
+        total_j = total_j + j if (j is not None and total_j is not None) else None
+    while need_energy and total_j is not None and total_s < MIN_ENERGY_S:
+        s, n, j = run_once()
         total_s, total_tok = total_s + s, total_tok + n
-    joules = joules_between(e0, meter.read_j() if meter else None)
-    return rates, (total_tok / joules if joules else None)
+        total_j = total_j + j if j is not None else None
+    return rates, (total_tok / total_j if total_j else None)
 
 
 def _prompt(n: int, vocab: int, seed: int = 0) -> list[int]:
@@ -57,28 +61,34 @@ def _prompt(n: int, vocab: int, seed: int = 0) -> list[int]:
     return [int(t) for t in rng.integers(0, min(vocab, 150000), n)]
 
 
-def make_pp(engine: Any, prompt: list[int]) -> Callable[[], tuple[float, int]]:
-    def once() -> tuple[float, int]:
+def _energy(meter: Optional[EnergyMeter]) -> Optional[float]:
+    return meter.read_j() if meter is not None else None
+
+
+def make_pp(engine: Any, prompt: list[int], meter: Optional[EnergyMeter] = None):
+    def once() -> tuple[float, int, Optional[float]]:
         engine.reset()
-        t0 = time.perf_counter()
+        e0, t0 = _energy(meter), time.perf_counter()
         engine.prefill(prompt)
-        return time.perf_counter() - t0, len(prompt)
+        dt = time.perf_counter() - t0
+        return dt, len(prompt), joules_between(e0, _energy(meter))
 
     return once
 
 
-def make_tg(engine: Any, prompt: list[int], n_gen: int) -> Callable[[], tuple[float, int]]:
-    def once() -> tuple[float, int]:
+def make_tg(engine: Any, prompt: list[int], n_gen: int, meter: Optional[EnergyMeter] = None):
+    def once() -> tuple[float, int, Optional[float]]:
         engine.reset()
         logits = engine.prefill(prompt)
-        t0 = time.perf_counter()
+        e0, t0 = _energy(meter), time.perf_counter()
         if hasattr(engine, "decode"):
             engine.decode(n_gen)
         else:
             tok = int(np.argmax(logits))
             for _ in range(n_gen):
                 tok = int(np.argmax(engine.step(tok)))
-        return time.perf_counter() - t0, n_gen
+        dt = time.perf_counter() - t0
+        return dt, n_gen, joules_between(e0, _energy(meter))
 
     return once
 
@@ -104,12 +114,12 @@ def speed_rows(model: Any, engine: Any, *, profile: Any, n_prompt: int, n_gen: i
     hw = profile.hardware if profile is not None else None
     tests = []
     if n_prompt > 0:
-        tests.append((f"pp{n_prompt}", make_pp(engine, prompt), n_prompt / 2))
+        tests.append((f"pp{n_prompt}", make_pp(engine, prompt, meter), n_prompt / 2))
     if n_gen > 0:
-        tests.append((f"tg{n_gen}", make_tg(engine, prompt, n_gen), n_prompt + n_gen / 2))
+        tests.append((f"tg{n_gen}", make_tg(engine, prompt, n_gen, meter), n_prompt + n_gen / 2))
     rows = []
     for test, once, ctx in tests:
-        rates, tok_j = repeat(once, reps=reps, warmup=warmup, meter=meter)
+        rates, tok_j = repeat(once, reps=reps, warmup=warmup, need_energy=meter is not None)
         st = summarize(rates)
         gbps = st["mean"] * bytes_per_token(cfg, weight_bytes, ctx) / 1e9
         row = dict(base or {})

@@ -6,6 +6,7 @@ Registered into the `bench` group by cli/bench.py (`register(bench_app)`); parse
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -26,6 +27,9 @@ Examples:
 
 
 def _git_commit() -> Optional[str]:
+    # the device machine gets a copy of the tree without .git: the caller may pass the commit in
+    if os.environ.get("LUCEBOX_GIT_COMMIT"):
+        return os.environ["LUCEBOX_GIT_COMMIT"]
     try:
         here = Path(__file__).resolve().parent
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True,
