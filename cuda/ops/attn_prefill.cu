@@ -5,8 +5,9 @@
 //
 // attn_flash is fp32 on CUDA cores (flash-style tiling, no tensor cores): at pp520 attention is ~1% of
 // the prefill's FLOPs, and fp32 keeps it as exact as the decode kernel, which reads the same bf16 cache
-// with fp32 queries. A block takes 8 tokens x the 4 query heads of one kv head (32 rows), so each K/V
-// tile it loads serves 4 heads. A tensor-core (mma) version is the next step for long prompts (issue 6).
+// with fp32 queries. A block takes 4 tokens x the 4 query heads of one kv head (16 rows), so each K/V
+// tile it loads serves 4 heads; few tokens per block keep the causal critical path (the last block
+// reads every key) short. A tensor-core (mma) version is the next step for long prompts (issue 6).
 #include "lb_check.cuh"
 #include "lucebox.h"
 #include "pf_common.cuh"
@@ -17,8 +18,9 @@ namespace {
 
 constexpr int D = AT_D;          // 256
 constexpr int GROUP = 4;         // query heads per kv head
-constexpr int BQ = 8;            // tokens per block
-constexpr int R = GROUP * BQ;    // 32 query rows per block
+constexpr int BQ = 4;            // tokens per block: short blocks, 260 of them at pp520
+constexpr int R = GROUP * BQ;    // 16 query rows per block
+constexpr int RW = R / 8;        // rows per warp in the score and softmax phases
 constexpr int BKV = 32;          // keys per tile
 constexpr int KW = D / 2 + 1;    // padded K/V smem row in 32-bit words (2 bf16 each): conflict-free
 constexpr int PP = BKV + 1;      // padded score row
@@ -130,28 +132,28 @@ __global__ void __launch_bounds__(256) attn_flash_kernel(const float* __restrict
         __syncthreads();
         // scores: key j = lane, rows warp + 8a
         {
-            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float s[RW] = {};
             for (int w2 = 0; w2 < D / 2; ++w2) {
                 const uint32_t kw = Ks[lane * KW + w2];
                 const float k0 = bf_lo(kw), k1 = bf_hi(kw);
 #pragma unroll
-                for (int a = 0; a < 4; ++a) {
+                for (int a = 0; a < RW; ++a) {
                     const float2 q2 = *reinterpret_cast<const float2*>(Qs + (warp + 8 * a) * D + 2 * w2);
                     s[a] = fmaf(q2.x, k0, fmaf(q2.y, k1, s[a]));
                 }
             }
 #pragma unroll
-            for (int a = 0; a < 4; ++a) {
+            for (int a = 0; a < RW; ++a) {
                 const int r = warp + 8 * a;
                 const int qpos = pos0 + min(t0 + r % BQ, T - 1);
                 Ps[r * PP + lane] = kb + lane <= qpos ? s[a] : -INFINITY;
             }
         }
         __syncthreads();
-        // online softmax: warp w owns rows 4w .. 4w+3
+        // online softmax: warp w owns rows RW w .. RW w + RW-1
 #pragma unroll
-        for (int a = 0; a < 4; ++a) {
-            const int r = warp * 4 + a;
+        for (int a = 0; a < RW; ++a) {
+            const int r = warp * RW + a;
             const float val = Ps[r * PP + lane];
             const float m_old = mrow[r];
             const float m_new = fmaxf(m_old, lb::warp_max(val));

@@ -11,6 +11,8 @@
 //  2. dn_chunk_scan, one block per (16-column dv slice, head), sequential over chunks only:
 //     v_new = u - w S; o = e^cum (q S) + Aqk v_new; S = e^last S + (k e^(last - cum))ᵀ v_new.
 // Splitting dv into 8 slices gives 128 blocks for 16 heads; the slices share nothing but reads.
+// fp32 on CUDA cores: ~1.4 GFLOP per layer at pp520. Next steps (issue 6): cp.async prefetch of the
+// next chunk (prep could store w/q pre-transposed) and a 3xTF32 tensor-core path.
 #include "lb_check.cuh"
 #include "lucebox.h"
 #include "pf_common.cuh"
@@ -24,6 +26,7 @@ constexpr int CH = DN_CHUNK;   // 64
 constexpr int KP = D + 1;      // padded smem row of a [64][128] tile
 constexpr int LP = CH + 1;     // padded row of a [64][64] tile
 constexpr int DVS = 16;        // dv columns per scan block
+constexpr int WP = 2 * CH + 4;  // padded row of the scan's transposed [w; q] tile (float4-aligned)
 constexpr int NH = 16;         // Qwen3.5-0.8B DeltaNet heads (conv prep)
 constexpr int C_QKV = 3 * NH * D;  // 6144 conv channels
 
@@ -44,7 +47,8 @@ Scratch carve(void* base, int T, int H) {
 }
 
 constexpr size_t PREP_SMEM = (size_t)(2 * CH * KP + CH * LP + 3 * CH) * 4;
-constexpr size_t SCAN_SMEM = (size_t)(CH * KP + D * DVS + CH * LP + 2 * CH * DVS + 3 * CH) * 4;
+constexpr size_t SCAN_SMEM = (size_t)(D * WP + D * DVS + 3 * CH * DVS + 3 * CH) * 4;
+static_assert(CH * WP + CH * LP <= D * WP, "k and Aqk fit in the freed [w; q] tile");
 
 __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ q, const float* __restrict__ k,
                                                      const float* __restrict__ v, const float* __restrict__ g,
@@ -140,32 +144,24 @@ __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ q
         if (i < L) dst[(size_t)i * D] = x[i];
 }
 
-// Copy rows [0, L) of a [*, 128] chunk (row stride 128 floats) into a padded smem tile; zero the rest.
-__device__ __forceinline__ void load_tile(float* dst, const float* __restrict__ src, int L) {
-    for (int idx = threadIdx.x; idx < CH * (D / 4); idx += 256) {
-        const int i = idx / (D / 4), d = (idx % (D / 4)) * 4;
-        const float4 x = i < L ? *reinterpret_cast<const float4*>(src + (size_t)i * D + d) : make_float4(0, 0, 0, 0);
-        float* o = dst + i * KP + d;
-        o[0] = x.x;
-        o[1] = x.y;
-        o[2] = x.z;
-        o[3] = x.w;
-    }
-}
-
+// Register-blocked scan: a thread owns a 4 x 2 tile (4 rows of [w; q] or 4 dk rows of S, 2 dv
+// columns), so each inner step is one float4 + one float2 shared load for 8 FMAs.
 __global__ void __launch_bounds__(256) dn_chunk_scan(const float* __restrict__ q, const float* __restrict__ k,
                                                      Scratch sc, float* __restrict__ state, float* __restrict__ o,
                                                      int T, int H) {
-    extern __shared__ float sm[];
-    float* buf = sm;                 // [64][KP]: w, then q, then k of the chunk
-    float* S = buf + CH * KP;        // [128 dk][16 dv]
-    float* Aq = S + D * DVS;         // [64][LP]
-    float* vn = Aq + CH * LP;        // [64][16] v_new
-    float* vs = vn + CH * DVS;       // [64][16] v_new * e^(last - cum_i)
+    extern __shared__ __align__(16) float sm[];
+    float* WQ = sm;                  // [128 dk][WP]: cols 0..63 = w rows, 64..127 = q rows (transposed)
+    float* Ks = sm;                  // phase 3 reuses it: k [64][WP] ...
+    float* Aq = sm + CH * WP;        // ... and Aqk [64][LP]
+    float* S = sm + D * WP;          // [128 dk][16 dv]
+    float* vn = S + D * DVS;         // [64][16] v_new
+    float* qs = vn + CH * DVS;       // [64][16] q S (before e^cum)
+    float* vs = qs + CH * DVS;       // [64][16] v_new e^(last - cum)
     float* cs = vs + CH * DVS;       // [64] cum
     float* ec = cs + CH;             // [64] e^cum
     float* el = ec + CH;             // [64] e^(last - cum)
-    const int j0 = blockIdx.x * DVS, h = blockIdx.y, tid = threadIdx.x, j = tid % DVS, r0 = tid / DVS;
+    const int j0 = blockIdx.x * DVS, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
+    const int cg = tid & 7, rg = tid >> 3;  // tile: rows 4rg .. 4rg+3, columns 2cg, 2cg+1
     const int nch = n_chunks(T);
 
     float* Sg = state + (size_t)h * D * D;  // [dv][dk]
@@ -176,49 +172,99 @@ __global__ void __launch_bounds__(256) dn_chunk_scan(const float* __restrict__ q
     for (int c = 0; c < nch; ++c) {
         const int t0 = c * CH, L = min(CH, T - t0);
         const size_t hrow = (size_t)h * T + t0;
-        load_tile(buf, sc.w + hrow * D, L);
-        const float* aqk = sc.aqk + ((size_t)h * nch + c) * CH * CH;
-        for (int idx = tid; idx < CH * CH; idx += 256) Aq[(idx / CH) * LP + idx % CH] = aqk[idx];
+        // phase 1: w and q of the chunk, transposed. A warp covers 8 dk x 4 rows: the global reads are
+        // whole 32-byte sectors and the smem writes hit 32 distinct banks (WP = 132: bank 4d + i).
+        for (int wi = tid >> 5; wi < (CH / 4) * (D / 8); wi += 8) {
+            const int d = (wi % (D / 8)) * 8 + (lane & 7), i = (wi / (D / 8)) * 4 + (lane >> 3);
+            const bool ok = i < L;
+            WQ[d * WP + i] = ok ? sc.w[(hrow + i) * D + d] : 0.0f;
+            WQ[d * WP + CH + i] = ok ? q[(hrow + i) * D + d] : 0.0f;
+        }
         if (tid < CH) cs[tid] = sc.cum[(size_t)h * nch * CH + t0 + tid];
         __syncthreads();
         if (tid < CH) {
             ec[tid] = expf(cs[tid]);
             el[tid] = expf(cs[CH - 1] - cs[tid]);
         }
-        // v_new = u - w S
+        // phase 2: [w; q] S. Threads rg < 16 own w rows (v_new = u - w S), the others q rows.
+        {
+            float a[4][2] = {};
+            for (int d = 0; d < D; ++d) {
+                const float4 x = *reinterpret_cast<const float4*>(WQ + d * WP + 4 * rg);
+                const float2 s2 = *reinterpret_cast<const float2*>(S + d * DVS + 2 * cg);
+                const float xv[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-        for (int rr = 0; rr < CH / 16; ++rr) {
-            const int i = r0 + 16 * rr;
-            float s = 0.0f;
-            for (int d = 0; d < D; ++d) s = fmaf(buf[i * KP + d], S[d * DVS + j], s);
-            const float u = i < L ? sc.u[(hrow + i) * D + j0 + j] : 0.0f;
-            vn[i * DVS + j] = u - s;
+                for (int r = 0; r < 4; ++r) {
+                    a[r][0] = fmaf(xv[r], s2.x, a[r][0]);
+                    a[r][1] = fmaf(xv[r], s2.y, a[r][1]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                if (rg < 16) {
+                    const int i = 4 * rg + r;
+                    float2 u = make_float2(0.0f, 0.0f);
+                    if (i < L) u = *reinterpret_cast<const float2*>(sc.u + (hrow + i) * D + j0 + 2 * cg);
+                    vn[i * DVS + 2 * cg] = u.x - a[r][0];
+                    vn[i * DVS + 2 * cg + 1] = u.y - a[r][1];
+                } else {
+                    const int i = 4 * (rg - 16) + r;
+                    qs[i * DVS + 2 * cg] = a[r][0];
+                    qs[i * DVS + 2 * cg + 1] = a[r][1];
+                }
+            }
         }
         __syncthreads();
-        load_tile(buf, q + hrow * D, L);
-        // vs = v_new scaled to the chunk end, for the state update
+        // phase 3: k rows and Aqk of the chunk into the freed tile
+        for (int idx = tid; idx < CH * (D / 4); idx += 256) {
+            const int i = idx / (D / 4), d = (idx % (D / 4)) * 4;
+            const float4 x = i < L ? *reinterpret_cast<const float4*>(k + (hrow + i) * D + d) : make_float4(0, 0, 0, 0);
+            *reinterpret_cast<float4*>(Ks + i * WP + d) = x;
+        }
+        const float* aqk = sc.aqk + ((size_t)h * nch + c) * CH * CH;
+        for (int idx = tid; idx < CH * CH; idx += 256) Aq[(idx / CH) * LP + idx % CH] = aqk[idx];
         for (int idx = tid; idx < CH * DVS; idx += 256) vs[idx] = vn[idx] * el[idx / DVS];
         __syncthreads();
-        // o = e^cum (q S) + Aqk v_new
-#pragma unroll
-        for (int rr = 0; rr < CH / 16; ++rr) {
-            const int i = r0 + 16 * rr;
-            float s1 = 0.0f, s2 = 0.0f;
-            for (int d = 0; d < D; ++d) s1 = fmaf(buf[i * KP + d], S[d * DVS + j], s1);
-            for (int m = 0; m <= i; ++m) s2 = fmaf(Aq[i * LP + m], vn[m * DVS + j], s2);
-            if (i < L) o[(size_t)(t0 + i) * H * D + h * D + j0 + j] = ec[i] * s1 + s2;
+        // o = e^cum (q S) + Aqk v_new: thread row tid/4, columns 4 (tid%4) .. +3
+        {
+            const int i = tid >> 2, c4 = (tid & 3) * 4;
+            float4 acc = make_float4(0, 0, 0, 0);
+            for (int m = 0; m <= i; ++m) {
+                const float am = Aq[i * LP + m];
+                const float4 v4 = *reinterpret_cast<const float4*>(vn + m * DVS + c4);
+                acc.x = fmaf(am, v4.x, acc.x);
+                acc.y = fmaf(am, v4.y, acc.y);
+                acc.z = fmaf(am, v4.z, acc.z);
+                acc.w = fmaf(am, v4.w, acc.w);
+            }
+            if (i < L) {
+                const float4 qv = *reinterpret_cast<const float4*>(qs + i * DVS + c4);
+                const float e = ec[i];
+                *reinterpret_cast<float4*>(o + (size_t)(t0 + i) * H * D + h * D + j0 + c4) =
+                    make_float4(fmaf(e, qv.x, acc.x), fmaf(e, qv.y, acc.y), fmaf(e, qv.z, acc.z), fmaf(e, qv.w, acc.w));
+            }
         }
-        __syncthreads();
-        load_tile(buf, k + hrow * D, L);
-        __syncthreads();
-        // S = e^last S + (k e^(last - cum))ᵀ v_new; cum is flat past the prompt, so cs[63] is the last
-        const float elast = expf(cs[CH - 1]);
+        // S = e^last S + (k e^(last - cum))ᵀ v_new for dk rows 4rg .. 4rg+3; cum is flat past the prompt,
+        // so cs[63] is the chunk's last
+        {
+            float b[4][2] = {};
+            for (int i = 0; i < CH; ++i) {
+                const float4 x = *reinterpret_cast<const float4*>(Ks + i * WP + 4 * rg);
+                const float2 v2 = *reinterpret_cast<const float2*>(vs + i * DVS + 2 * cg);
+                const float xv[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-        for (int rr = 0; rr < D / 16; ++rr) {
-            const int d = r0 + 16 * rr;
-            float s = 0.0f;
-            for (int i = 0; i < CH; ++i) s = fmaf(buf[i * KP + d], vs[i * DVS + j], s);
-            S[d * DVS + j] = fmaf(elast, S[d * DVS + j], s);
+                for (int r = 0; r < 4; ++r) {
+                    b[r][0] = fmaf(xv[r], v2.x, b[r][0]);
+                    b[r][1] = fmaf(xv[r], v2.y, b[r][1]);
+                }
+            }
+            const float elast = expf(cs[CH - 1]);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                float* sp = S + (4 * rg + r) * DVS + 2 * cg;
+                sp[0] = fmaf(elast, sp[0], b[r][0]);
+                sp[1] = fmaf(elast, sp[1], b[r][1]);
+            }
         }
         __syncthreads();
     }

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Device run for the tensor-core prefill: build (unless a carried build/h200-sm90 loads), gpu tests,
+# pp520 timing with a per-op breakdown. Run from the repo root on the H200:
+#   bash scripts/device_prefill.sh          (run tool: carry [".whl", "build/h200-sm90/liblucebox.so"])
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD
+pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
+PROFILE=h200-sm90
+if ! python -c "from lucebox_cli.engines import _lib; _lib.load('$PROFILE')" 2>/dev/null; then
+  echo "== building $PROFILE"
+  make -j16 build PROFILE=$PROFILE PY=python 2>&1 | tail -3
+fi
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
+echo "== gpu tests"
+timeout 200 python -m pytest -q -x -s -p no:cacheprovider tests/gpu/test_prefill.py 2>&1 | tail -60
+echo "== pp520 timing"
+timeout 90 python scripts/bench_prefill.py -p 520 -r 10 2>&1 | tail -20
+echo "== commit $(git rev-parse --short HEAD 2>/dev/null)"
