@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Device run for the tensor-core prefill: build (unless a carried build/h200-sm90 loads), gpu tests,
-# pp520 timing with a per-op breakdown. Run from the repo root on the H200:
-#   bash scripts/device_prefill.sh          (run tool: carry [".whl", "build/h200-sm90/liblucebox.so"])
+# Device run for the tensor-core prefill: build (unless a carried build/h200-sm90 .so loads), the op
+# tests, pp520 timing with a per-op breakdown, then the whole-model gpu tests. From the repo root:
+#   bash scripts/device_prefill.sh     (run tool: carry [".whl", "build/h200-sm90/liblucebox.so"])
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD
 pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
@@ -11,8 +11,11 @@ if ! python -c "from lucebox_cli.engines import _lib; _lib.load('$PROFILE')" 2>/
   make -j16 build PROFILE=$PROFILE PY=python 2>&1 | tail -3
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
-echo "== gpu tests"
-timeout 200 python -m pytest -q -x -s -p no:cacheprovider tests/gpu/test_prefill.py 2>&1 | tail -60
+T=tests/gpu/test_prefill.py
+echo "== op tests"
+timeout 60 python -m pytest -q -s -p no:cacheprovider --tb=short $T -k "gemm or deltanet or attn" 2>&1 | grep -v "^$" | tail -40
 echo "== pp520 timing"
-timeout 90 python scripts/bench_prefill.py -p 520 -r 10 2>&1 | tail -20
+timeout 70 python scripts/bench_prefill.py -p 520 -r 10 2>&1 | tail -16
+echo "== whole-model tests"
+timeout 140 python -m pytest -q -s -p no:cacheprovider --tb=short $T -k "not gemm and not deltanet and not attn" 2>&1 | grep -v "^$" | tail -40
 echo "== commit $(git rev-parse --short HEAD 2>/dev/null)"
