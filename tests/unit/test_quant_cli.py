@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -84,3 +85,23 @@ def test_missing_tensor_and_foreign_architecture(checkpoint, tmp_path):
     (foreign / "config.json").write_text(json.dumps(cfg))
     result = invoke("quantize", foreign, "-t", "Q8_0")
     assert result.exit_code == 1 and "not a Qwen3.5" in result.output
+
+
+def test_vlm_bf16_checkpoint_converts_like_the_text_one(tmp_path):
+    from lucebox_cli.quant.convert import _HFCheckpoint, quantize
+
+    names = {}
+    for vlm in (False, True):
+        folder = make_tiny_checkpoint(tmp_path / f"vlm{vlm}", hidden=256, n_layers=4, vocab=512,
+                                      dtype="bfloat16", vlm=vlm)
+        _shrink_tokenizer(folder)
+        report = quantize(folder, tmp_path / f"vlm{vlm}.gguf", "BF16")
+        names[vlm] = [(t.name, t.ggml_type, t.shape) for t in report.tensors]
+        with GGUFModel(report.out) as m:
+            # BF16 in, BF16 out: the stored bits are the checkpoint's, unchanged
+            assert m.tensor_info("blk.0.ffn_up.weight").ggml_type == "BF16"
+            stored = m.raw("blk.0.ffn_up.weight").view(np.uint16)
+        prefix = "model.language_model." if vlm else "model."
+        source = _HFCheckpoint(folder).load(prefix + "layers.0.mlp.up_proj.weight")
+        assert np.array_equal(stored, (source.view(np.uint32) >> 16).astype(np.uint16).ravel())
+    assert names[True] == names[False]
