@@ -153,6 +153,95 @@ LB_API int lb_dev_d2h(void* dst, const void* src, uint64_t nbytes);
 LB_API int lb_dev_memset(void* dst, int byte, uint64_t nbytes);
 LB_API int lb_dev_sync(void);
 
+/* ---- 27B DeltaNet (cuda/ops/gdn_conv.cu, gdn_delta.cu, gdn_chunked.cu) ------------------------
+ * Any Hk key heads and Hv value heads (Hv % Hk == 0; value head p reads key head p % Hk), dk = dv = 128,
+ * fp32 everywhere, the layouts of lucebox_cli/engines/cpu.py: pre-conv inputs pre [t, ld_pre] (first
+ * C = 2*Hk*128 + Hv*128 columns, [q | k | v]); a, b [t, Hv] (ssm_alpha / ssm_beta projections); z
+ * [t, Hv*128]; conv_w [C, 4]; ssm_a, dt_bias [Hv]; norm_w [128]; conv_state [3, C] (last 3 pre-conv
+ * inputs, oldest first); state [Hv, 128 (dk), 128 (dv)]; post-prep q, k [t, Hk, 128] (L2-normed, q also
+ * / sqrt(128)), v [t, Hv, 128], g (log decay) and beta [t, Hv]; o [t, Hv, 128]; y [t, Hv*128].
+ * Tree slots: parents [n] int32 on the device, parents[0] == -1, parents[i] < i, n <= 64. */
+
+/* Conv + SiLU + norms + g, beta. parents NULL: t tokens in sequence (update_conv advances the conv
+ * state); parents set: each slot's conv window follows its ancestry, the conv state is left alone. */
+LB_API int lb_gdn_conv_prep(const void* pre, int ld_pre, const void* a, const void* b, const void* conv_w,
+                            const void* ssm_a, const void* dt_bias, void* conv_state, const void* parents, void* q,
+                            void* k, void* v, void* g, void* beta, int t, int hk, int hv, int update_conv,
+                            void* stream);
+/* y = RMSNorm(o) * norm_w * SiLU(z) per value head (z row stride ld_z). */
+LB_API int lb_gdn_out_norm(const void* o, const void* z, int ld_z, const void* norm_w, void* y, int t, int hv,
+                           float eps, void* stream);
+/* Host: save_idx[i] = compact index of slot i's saved state or -1 (saved iff some child != i + 1);
+ * *n_saves = how many states lb_gdn_delta / lb_gdn_tree_verify write to `saves`. */
+LB_API int lb_gdn_tree_plan(const int32_t* parents, int n, int32_t* save_idx, int* n_saves);
+/* The delta rule over n steps. parents NULL: in sequence (recurrent / decode); parents set: tree slots
+ * (state kept on chip along the spine, reloaded from `saves` [max_saves, Hv, 128, 128] after a branch).
+ * write_state 1 stores the final state (sequence), 0 leaves it (verify). */
+LB_API int lb_gdn_delta(const void* q, const void* k, const void* v, const void* g, const void* beta, void* state,
+                        void* o, const void* parents, void* saves, int max_saves, int n, int hk, int hv,
+                        int write_state, void* stream);
+/* After a verify: replay the accepted slots' saved inputs k, v, g, beta (the tree's [n_slots, ...]
+ * buffers) onto state in place, and set conv_state to the last 3 inputs along the path. path [n] int32
+ * on the device: the accepted slots, root first. */
+LB_API int lb_gdn_commit(const void* k, const void* v, const void* g, const void* beta, const void* pre, int ld_pre,
+                         void* state, void* conv_state, const void* path, int n, int hk, int hv, void* stream);
+/* Scratch of lb_gdn_decode_step for t tokens. */
+LB_API uint64_t lb_gdn_step_scratch_bytes(int t, int hk, int hv);
+/* t tokens (1 for decode) of one layer through the recurrent form: conv_prep (advancing conv_state),
+ * delta (advancing state), out_norm into y. pre has ld C, z has ld Hv*128. */
+LB_API int lb_gdn_decode_step(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
+                              const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state,
+                              void* state, void* y, void* scratch, int t, int hk, int hv, float eps, void* stream);
+/* Verify of one layer: conv_prep along parents into the caller's q, k, v, g, beta (keep them for
+ * lb_gdn_commit), the tree delta into o (state and conv_state are only read), out_norm into y. */
+LB_API int lb_gdn_tree_verify(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
+                              const void* ssm_a, const void* dt_bias, const void* norm_w, const void* conv_state,
+                              const void* state, const void* parents, void* q, void* k, void* v, void* g,
+                              void* beta, void* o, void* saves, int max_saves, void* y, int n, int hk, int hv,
+                              float eps, void* stream);
+/* Chunked (chunk 64) form over post-prep inputs, state advanced in place; scratch of
+ * lb_gdn_chunked_scratch_bytes(t, hv). */
+LB_API uint64_t lb_gdn_chunked_scratch_bytes(int t, int hv);
+LB_API int lb_gdn_chunked(const void* q, const void* k, const void* v, const void* g, const void* beta, void* state,
+                          void* o, void* scratch, int t, int hk, int hv, void* stream);
+/* A prompt segment of one layer: conv_prep + chunked rule + out_norm (pre ld C, z ld Hv*128). */
+LB_API uint64_t lb_gdn_prefill_scratch_bytes(int t, int hk, int hv);
+LB_API int lb_gdn_prefill(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
+                          const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state, void* state,
+                          void* y, void* scratch, int t, int hk, int hv, float eps, void* stream);
+
+/* ---- 27B gated attention (cuda/ops/attn_rope.cu, attn_decode.cu, attn_tree.cu) ---------------------
+ * head_dim 256, any n_heads / n_kv_heads with at most 8 query heads per kv head (head h reads kv head
+ * h / (n_heads / n_kv_heads)). KV cache of one layer: k_cache, v_cache [n_kv_heads, max_ctx, 256] of
+ * f16 or bf16 (kv_dtype). qf fp32 [t, n_heads, 256] (normed, RoPE'd, unscaled); the output gate of
+ * query t, head h, dim d is gate[t*gate_ld + h*gate_hs + d] (the q projection: gate_ld = n_heads*512,
+ * gate_hs = 512, pointer at +256); out fp32 [t, n_heads*256] = softmax(q.K^T/16).V * sigmoid(gate).
+ * partials (lb_attn_partials_bytes(t, n_heads, max_splits) bytes, or NULL) lets a launch split the keys
+ * over up to max_splits blocks per kv head (flash-decoding), about two blocks per SM. */
+#define LB_KV_F16 0
+#define LB_KV_BF16 1
+/* RMSNorm1p (weights with the +1) of q heads (from qg [t, ld_q], head h = [q | gate] at h*512) and of
+ * k [t, ld_kv]; RoPE of dims [0, rope_dims) (i pairs with i + rope_dims/2) at positions[t] (device
+ * int32, or NULL: pos0 + t); qf out; K, V into cache row pos0 + t (tree slots: pos0 = n_past). */
+LB_API int lb_attn_prep(const void* qg, int ld_q, const void* k, const void* v, int ld_kv, const void* q_norm,
+                        const void* k_norm, const void* positions, int pos0, void* qf, void* k_cache, void* v_cache,
+                        int kv_dtype, int t, int n_heads, int n_kv_heads, int max_ctx, int rope_dims, float eps,
+                        float theta, void* stream);
+LB_API uint64_t lb_attn_partials_bytes(int t, int n_heads, int max_splits);
+/* One query over cache rows [0, n_ctx) (its own K/V already at row n_ctx - 1). */
+LB_API int lb_attn_decode(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype, const void* gate,
+                          int gate_ld, int gate_hs, void* out, void* partials, int max_splits, int n_ctx, int n_heads,
+                          int n_kv_heads, int max_ctx, void* stream);
+/* n tree slots: slot i sees rows [0, n_past) and row n_past + j for each bit j of masks[i] (device
+ * uint64 [n], its ancestors and itself); the slots' K/V are at rows n_past + slot. */
+LB_API int lb_attn_tree(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype, const void* gate,
+                        int gate_ld, int gate_hs, void* out, void* partials, int max_splits, const void* masks, int n,
+                        int n_past, int n_heads, int n_kv_heads, int max_ctx, void* stream);
+/* t prompt tokens at positions pos0 .. pos0 + t - 1 over rows [0, pos] (flash-style). */
+LB_API int lb_attn_causal(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype, const void* gate,
+                          int gate_ld, int gate_hs, void* out, void* partials, int max_splits, int t, int pos0,
+                          int n_heads, int n_kv_heads, int max_ctx, void* stream);
+
 /* ================================================================================================
  * Megakernel (cuda/megakernel/*.cu): persistent 0.8B decode kernel behind an opaque handle.
  * ================================================================================================ */

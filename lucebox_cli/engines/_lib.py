@@ -135,6 +135,31 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_dev_d2h": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_uint64]),
     "lb_dev_memset": (c_int, [ctypes.c_void_p, c_int, c_uint64]),
     "lb_dev_sync": (c_int, []),
+    # 27B DeltaNet (cuda/ops/gdn_*.cu)
+    "lb_gdn_conv_prep": (c_int, [ctypes.c_void_p, c_int] + [ctypes.c_void_p] * 12 + [c_int] * 4 + [ctypes.c_void_p]),
+    "lb_gdn_out_norm": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, c_int,
+                                ctypes.c_float, ctypes.c_void_p]),
+    "lb_gdn_tree_plan": (c_int, [POINTER(c_int32), c_int, POINTER(c_int32), POINTER(c_int)]),
+    "lb_gdn_delta": (c_int, [ctypes.c_void_p] * 9 + [c_int] * 5 + [ctypes.c_void_p]),
+    "lb_gdn_commit": (c_int, [ctypes.c_void_p] * 5 + [c_int] + [ctypes.c_void_p] * 3 + [c_int] * 3 + [ctypes.c_void_p]),
+    "lb_gdn_step_scratch_bytes": (c_uint64, [c_int, c_int, c_int]),
+    "lb_gdn_decode_step": (c_int, [ctypes.c_void_p] * 12 + [c_int] * 3 + [ctypes.c_float, ctypes.c_void_p]),
+    "lb_gdn_tree_verify": (c_int, [ctypes.c_void_p] * 18 + [c_int, ctypes.c_void_p] + [c_int] * 3
+                           + [ctypes.c_float, ctypes.c_void_p]),
+    "lb_gdn_chunked_scratch_bytes": (c_uint64, [c_int, c_int]),
+    "lb_gdn_chunked": (c_int, [ctypes.c_void_p] * 8 + [c_int] * 3 + [ctypes.c_void_p]),
+    "lb_gdn_prefill_scratch_bytes": (c_uint64, [c_int, c_int, c_int]),
+    "lb_gdn_prefill": (c_int, [ctypes.c_void_p] * 12 + [c_int] * 3 + [ctypes.c_float, ctypes.c_void_p]),
+    # 27B gated attention (cuda/ops/attn_rope.cu, attn_decode.cu, attn_tree.cu)
+    "lb_attn_prep": (c_int, [ctypes.c_void_p, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int] + [ctypes.c_void_p] * 3
+                     + [c_int] + [ctypes.c_void_p] * 3 + [c_int] * 6 + [ctypes.c_float, ctypes.c_float, ctypes.c_void_p]),
+    "lb_attn_partials_bytes": (c_uint64, [c_int, c_int, c_int]),
+    "lb_attn_decode": (c_int, [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p,
+                               ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),
+    "lb_attn_tree": (c_int, [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p,
+                             ctypes.c_void_p, c_int, ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),
+    "lb_attn_causal": (c_int, [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p,
+                               ctypes.c_void_p] + [c_int] * 6 + [ctypes.c_void_p]),
     # megakernel
     "lb_mk_create": (c_int, [POINTER(MkConfig), POINTER(ctypes.c_void_p)]),
     "lb_mk_free": (c_int, [ctypes.c_void_p]),

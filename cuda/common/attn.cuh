@@ -1,0 +1,64 @@
+// Gated full attention helpers shared by cuda/ops/attn_{rope,decode,tree}.cu (27B-capable: head_dim 256,
+// any n_heads / n_kv with group = n_heads / n_kv <= 8, GQA kv head of query head h = h / group as in
+// cpu.py _attend). KV cache per layer: [n_kv, max_ctx, 256] of f16 (LB_KV_F16) or bf16 (LB_KV_BF16),
+// K after RMSNorm1p and RoPE; V as projected.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "lb_arch.cuh"
+
+namespace attn {
+
+constexpr int HD = 256;       // head_dim
+constexpr int MAX_GROUP = 8;  // query heads per kv head
+constexpr int BKV = 32;       // keys per tile (one per lane in the score phase)
+constexpr int MAX_TREE = 64;  // tree slots (one uint64 ancestor mask per slot)
+
+enum { KV_F16 = 0, KV_BF16 = 1 };
+
+// Two 16-bit cache values packed in a 32-bit word -> floats.
+template <int KVT>
+__device__ __forceinline__ float2 kv2f(uint32_t w) {
+    if constexpr (KVT == KV_BF16) {
+        return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    } else {
+        __half2 h;
+        *reinterpret_cast<uint32_t*>(&h) = w;
+        return __half22float2(h);
+    }
+}
+
+template <int KVT>
+__device__ __forceinline__ uint16_t f2kv(float x) {
+    if constexpr (KVT == KV_BF16) {
+        return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    } else {
+        return __half_as_ushort(__float2half_rn(x));
+    }
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// One attention launch: Tq queries over the cache of one layer, with either a causal rule (mask ==
+// nullptr: query t sits at position pos0 + t and sees rows [0, pos0 + t]) or a tree rule (mask != nullptr:
+// every query sees the committed rows [0, pos0) plus rows pos0 + j for each bit j of mask[t]; the tree
+// slots' own K/V sit at rows pos0 + slot).
+struct Params {
+    const float* qf;      // [Tq, nh, 256] normed + RoPE'd, unscaled
+    const uint16_t* kc;   // [nkv, max_ctx, 256]
+    const uint16_t* vc;
+    const float* gate;    // gate of query t, head h, dim d at gate[t*gate_ld + h*gate_hs + d]
+    int gate_ld, gate_hs;
+    float* out;           // [Tq, nh*256] = softmax(q·Kᵀ/16)·V ⊙ sigmoid(gate) (written when n_splits == 1)
+    float* part_acc;      // [n_splits, Tq, nh, 256] unnormalised partial outputs (n_splits > 1)
+    float* part_ml;       // [n_splits, Tq, nh, 2] running max and sum of each partial
+    const uint64_t* mask; // [Tq] tree ancestor masks, or nullptr (causal)
+    int Tq, pos0, nh, nkv, group, max_ctx;
+    int n_splits, split_len;  // keys per split, a multiple of BKV
+};
+
+}  // namespace attn

@@ -1,0 +1,29 @@
+// Host-side launchers of the 27B-capable attention ops (cuda/ops/attn_rope.cu, attn_decode.cu), for the
+// C API entry points and the DFlash engine (cuda/dflash/). Layouts: cuda/common/attn.cuh. Each returns
+// a cudaError_t as int.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attn.cuh"
+
+namespace attn {
+
+// Bytes of the split-KV partials for tq queries, nh heads and up to max_splits splits (0 when <= 1).
+size_t partials_bytes(int tq, int nh, int max_splits);
+
+// Attention of P (see Params; split_len / n_splits / part_* are chosen here): splits along the keys
+// when partials != nullptr and max_splits > 1 (about two blocks per SM), then a combine kernel.
+int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s);
+
+// Per token t: q heads from qg [T, ld_q] (head h = [q (256) | gate (256)] at h*512) and k / v [T, ld_kv];
+// RMSNorm1p (weights include the +1) of q and k, rotate-half RoPE of dims [0, rope_dims) at position
+// positions[t] (or pos0 + t when positions == nullptr), computed in double like the CPU's table; qf fp32
+// [T, nh, 256]; K, V rounded to the cache type at row pos0 + t of [nkv, max_ctx, 256].
+int prep(const float* qg, int ld_q, const float* k, const float* v, int ld_kv, const float* q_norm,
+         const float* k_norm, const int32_t* positions, int pos0, float* qf, uint16_t* kc, uint16_t* vc, int kv_dtype,
+         int T, int nh, int nkv, int max_ctx, int rope_dims, float eps, float theta, cudaStream_t s);
+
+}  // namespace attn

@@ -1,0 +1,104 @@
+// attn_rope: the per-token front of a gated attention layer (cpu.py CPUEngine._attention up to the
+// cache write): RMSNorm1p of each q head (from the [q | gate] interleave) and k head, rotate-half RoPE
+// on the first rope_dims dims (i pairs with i + rope_dims/2), qf fp32 out, K and V into the cache at
+// their rows. Angles are computed in double and rounded once, as the CPU's cos/sin table is: at a
+// position of 4096 an fp32 angle would already be off by ~2e-4 rad. One block per token, one warp
+// per head for the norms (the whole token's heads sit in shared memory).
+#include "attn_ops.h"
+#include "lb_check.cuh"
+#include "lucebox.h"
+
+namespace attn {
+namespace {
+
+template <int KVT>
+__global__ void __launch_bounds__(256) prep_kernel(const float* __restrict__ qg, int ld_q, const float* __restrict__ k,
+                                                   const float* __restrict__ v, int ld_kv,
+                                                   const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                                                   const int32_t* __restrict__ positions, int pos0,
+                                                   float* __restrict__ qf, uint16_t* __restrict__ kc,
+                                                   uint16_t* __restrict__ vc, int nh, int nkv, int max_ctx,
+                                                   int rope_dims, float eps, float theta) {
+    extern __shared__ float buf[];  // [nh + nkv][HD] normed heads, then cos [half], sin [half]
+    const int t = blockIdx.x, row = pos0 + t, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int pos = positions ? positions[t] : row;
+    const int nu = nh + nkv, half = rope_dims / 2;
+    float* cs = buf + nu * HD;
+    float* sn = cs + half;
+    if (tid < half) {
+        const double inv_freq = pow((double)theta, -2.0 * tid / rope_dims);
+        double s, c;
+        sincos((double)pos * inv_freq, &s, &c);
+        cs[tid] = (float)c;
+        sn[tid] = (float)s;
+    }
+    for (int u = warp; u < nu; u += 8) {
+        const float* src = u < nh ? qg + (size_t)t * ld_q + u * 2 * HD : k + (size_t)t * ld_kv + (u - nh) * HD;
+        const float* w = u < nh ? q_norm : k_norm;
+        float x[HD / 32], ss = 0.0f;
+#pragma unroll
+        for (int e = 0; e < HD / 32; ++e) {
+            x[e] = src[e * 32 + lane];
+            ss = fmaf(x[e], x[e], ss);
+        }
+        ss = lb::warp_sum(ss);
+        const float r = rsqrtf(ss / HD + eps);
+#pragma unroll
+        for (int e = 0; e < HD / 32; ++e) buf[u * HD + e * 32 + lane] = x[e] * r * w[e * 32 + lane];
+    }
+    __syncthreads();
+    for (int idx = tid; idx < nu * half; idx += 256) {
+        const int u = idx / half, i = idx % half;
+        float* hv = buf + u * HD;
+        const float a = hv[i], b = hv[i + half];
+        hv[i] = a * cs[i] - b * sn[i];
+        hv[i + half] = b * cs[i] + a * sn[i];
+    }
+    __syncthreads();
+    for (int idx = tid; idx < nu * HD; idx += 256) {
+        const int u = idx / HD, d = idx % HD;
+        if (u < nh) {
+            qf[((size_t)t * nh + u) * HD + d] = buf[idx];
+        } else {
+            const int g = u - nh;
+            const size_t off = ((size_t)g * max_ctx + row) * HD + d;
+            kc[off] = f2kv<KVT>(buf[idx]);
+            vc[off] = f2kv<KVT>(v[(size_t)t * ld_kv + g * HD + d]);
+        }
+    }
+}
+
+}  // namespace
+
+int prep(const float* qg, int ld_q, const float* k, const float* v, int ld_kv, const float* q_norm,
+         const float* k_norm, const int32_t* positions, int pos0, float* qf, uint16_t* kc, uint16_t* vc, int kv_dtype,
+         int T, int nh, int nkv, int max_ctx, int rope_dims, float eps, float theta, cudaStream_t s) {
+    const size_t smem = ((size_t)(nh + nkv) * HD + rope_dims) * 4;
+    auto kern = kv_dtype == KV_BF16 ? prep_kernel<KV_BF16> : prep_kernel<KV_F16>;
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return (int)e;
+    kern<<<T, 256, smem, s>>>(qg, ld_q, k, v, ld_kv, q_norm, k_norm, positions, pos0, qf, kc, vc, nh, nkv, max_ctx,
+                              rope_dims, eps, theta);
+    return (int)cudaGetLastError();
+}
+
+}  // namespace attn
+
+extern "C" LB_API int lb_attn_prep(const void* qg, int ld_q, const void* k, const void* v, int ld_kv,
+                                   const void* q_norm, const void* k_norm, const void* positions, int pos0, void* qf,
+                                   void* k_cache, void* v_cache, int kv_dtype, int t, int n_heads, int n_kv_heads,
+                                   int max_ctx, int rope_dims, float eps, float theta, void* stream) {
+    LB_CHECK_ARG(qg && k && v && q_norm && k_norm && qf && k_cache && v_cache, "null pointer");
+    LB_CHECK_ARG(kv_dtype == LB_KV_F16 || kv_dtype == LB_KV_BF16, "kv_dtype must be LB_KV_F16 or LB_KV_BF16");
+    LB_CHECK_ARG(t >= 1 && n_heads >= 1 && n_kv_heads >= 1 && pos0 >= 0 && pos0 + t <= max_ctx,
+                 "bad sizes, or rows outside the cache");
+    LB_CHECK_ARG(rope_dims >= 2 && rope_dims % 2 == 0 && rope_dims <= attn::HD, "rope_dims must be even, <= 256");
+    LB_CHECK_ARG(ld_q >= n_heads * 2 * attn::HD && ld_kv >= n_kv_heads * attn::HD, "row strides too small");
+    LB_CHECK_ARG(((size_t)(n_heads + n_kv_heads) * attn::HD + rope_dims) * 4 <= 96 * 1024, "too many heads for one block's shared memory");
+    LB_CUDA_TRY((cudaError_t)attn::prep(
+        static_cast<const float*>(qg), ld_q, static_cast<const float*>(k), static_cast<const float*>(v), ld_kv,
+        static_cast<const float*>(q_norm), static_cast<const float*>(k_norm), static_cast<const int32_t*>(positions),
+        pos0, static_cast<float*>(qf), static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache), kv_dtype, t,
+        n_heads, n_kv_heads, max_ctx, rope_dims, eps, theta, static_cast<cudaStream_t>(stream)));
+    return LB_OK;
+}
