@@ -107,6 +107,14 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
             }
             static_for<Tr::kChunks>([&](auto C) {
                 static_for<Tr::kHiLo>([&](auto S) {
+                    constexpr int c = decltype(C)::value, st = decltype(S)::value;
+                    // scales once per chunk and step, for the four words that share them
+                    Scales sc[MT][2];
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        sc[m][0] = Tr::template prep<c, st>(rr[m][0], t);
+                        sc[m][1] = Tr::template prep<c, st>(rr[m][1], t);
+                    }
 #pragma unroll
                     for (int u = 0; u < 4; ++u) {
                         const int kk = kb * QK + Tr::kofs(C, u, S, t);
@@ -120,8 +128,8 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
 #pragma unroll
                         for (int m = 0; m < MT; ++m) {
                             uint32_t a0, a1, a2, a3;
-                            Tr::template frag<decltype(C)::value, decltype(S)::value>(rr[m][0], u, t, a0, a2);
-                            Tr::template frag<decltype(C)::value, decltype(S)::value>(rr[m][1], u, t, a1, a3);
+                            Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
+                            Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
 #pragma unroll
                             for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct][0], b[ct][1]);
                         }

@@ -104,6 +104,18 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
 }
 
 constexpr uint32_t kMagic = 0x64006400u;  // two halves of 1024.0
+// Exact fp16 offsets to remove: 1024 (K-quants with mins), 1024 + 32 and 1024 + 16·32 (Q6_K's q - 32 in
+// the lo and 16q forms), 1024 + 128 (Q8_0's sign flip).
+// (register immediates, not device globals: a __device__ constant would be a memory load)
+__device__ __forceinline__ __half2 kSub1024() { return bits_h2(0x64006400u); }
+__device__ __forceinline__ __half2 kSub1056() { return bits_h2(0x64206420u); }
+__device__ __forceinline__ __half2 kSub1536() { return bits_h2(0x66006600u); }
+__device__ __forceinline__ __half2 kSub1152() { return bits_h2(0x64806480u); }
+
+// Per (row, chunk, step) scale and negated min as half2, computed once and applied to four words.
+struct Scales {
+    __half2 scale, neg_min;
+};
 
 // Unpack the 6-bit (scale, min) of sub-block j of a K-quant header exactly as ggml's
 // get_scale_min_k4; s1..s3 are scales bytes 0-3, 4-7, 8-11. `hi_half` = (j >= 4) is known at compile
@@ -128,8 +140,9 @@ __device__ __forceinline__ void scale_min_k4(uint32_t s1, uint32_t s2, uint32_t 
 //   Row            the registers of one row's block for this lane;
 //   load(r, w, n_rows, k, row, kb, t)      issue the loads;
 //   kofs(c, u, s, t)                       k within the block of byte 0 of word u, step s;
-//   frag<c, s>(r, u, t, s02, s13)          the two A half2 of that step: slots (2t, 2t+1) from bytes
-//                                          0 and 2, slots (2t+8, 2t+9) from bytes 1 and 3.
+//   prep<c, s>(r, t)                       the Scales of chunk c, step s (shared by its four words);
+//   frag<c, s>(r, k, u, t, s02, s13)       the two A half2 of word u's step: slots (2t, 2t+1) from
+//                                          bytes 0 and 2, slots (2t+8, 2t+9) from bytes 1 and 3.
 
 template <int QT>
 struct Traits;
@@ -156,29 +169,29 @@ struct TraitsK45 {
     }
     __device__ static int kofs(int c, int u, int s, int t) { return 64 * (2 * c + (t >> 1)) + 32 * s + 16 * (t & 1) + 4 * u; }
     template <int C, int S>
-    __device__ static void frag(const Row& r, int u, int t, uint32_t& s02, uint32_t& s13) {
-        const int j = 2 * C + (t >> 1);  // qs group; sub-block 2j + S
+    __device__ static Scales prep(const Row& r, int t) {
+        const int j = 2 * C + (t >> 1);  // qs group; sub-block 2j + S, below 4 exactly when C == 0
         int sc, mn;
-        // sub-block 2j + S: below 4 exactly when C == 0
         scale_min_k4<C == 1>(r.hdr.y, r.hdr.z, r.hdr.w, (2 * j + S) & 3, sc, mn);
         const float2 dm = __half22float2(bits_h2(r.hdr.x));
         // hi nibbles sit 4 bits up: the pair decodes to 1024 + 16q, so the scale carries the 1/16.
-        const float s = dm.x * (float)sc * (S ? 0.0625f : 1.0f);
-        const __half2 scale = __float2half2_rn(s);
-        const __half2 neg_min = __float2half2_rn(-dm.y * (float)mn);
+        return {__float2half2_rn(dm.x * (float)sc * (S ? 0.0625f : 1.0f)), __float2half2_rn(-dm.y * (float)mn)};
+    }
+    template <int C, int S>
+    __device__ static void frag(const Row& r, const Scales& k, int u, int t, uint32_t& s02, uint32_t& s13) {
         const uint32_t wq = (&r.qs[C].x)[u];
         const uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
         uint32_t p02 = (wq & mask) | kMagic;
         uint32_t p13 = ((wq >> 8) & mask) | kMagic;
         if (kFive) {
+            const int j = 2 * C + (t >> 1);
             const uint32_t hb = (&r.qh.x)[u] >> (2 * j + S);
             // 5th bit worth 16 (lo) or 256 (hi, in the 16q scale): bit 4 or bit 8 of each half
             p02 |= (hb & 0x00010001u) << (S ? 8 : 4);
             p13 |= ((hb >> 8) & 0x00010001u) << (S ? 8 : 4);
         }
-        const __half2 sub = __float2half2_rn(1024.0f);
-        s02 = deq2(p02, sub, scale, neg_min);
-        s13 = deq2(p13, sub, scale, neg_min);
+        s02 = deq2(p02, kSub1024(), k.scale, k.neg_min);
+        s13 = deq2(p13, kSub1024(), k.scale, k.neg_min);
     }
 };
 template <>
@@ -212,10 +225,13 @@ struct Traits<Q6_K> {
     }
     __device__ static int kofs(int c, int u, int s, int t) { return 128 * c + 64 * s + 16 * t + 4 * u; }
     template <int C, int S>
-    __device__ static void frag(const Row& r, int u, int t, uint32_t& s02, uint32_t& s13) {
+    __device__ static Scales prep(const Row& r, int t) {
         // scales 8C + 4S + t: word 2C + S of the 16 scale bytes, byte t (signed)
         const int sc = (int8_t)(((&r.sc.x)[2 * C + S] >> (8 * t)) & 0xFF);
-        const __half2 scale = __float2half2_rn(r.d * (float)sc * (S ? 0.0625f : 1.0f));
+        return {__float2half2_rn(r.d * (float)sc * (S ? 0.0625f : 1.0f)), __float2half2_rn(0.0f)};
+    }
+    template <int C, int S>
+    __device__ static void frag(const Row& r, const Scales& k, int u, int t, uint32_t& s02, uint32_t& s13) {
         const uint32_t wq = (&r.ql[C].x)[u];
         const uint32_t hb = (&r.qh[C].x)[u] >> (4 * S + 2 * (t >> 1));
         const uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
@@ -223,10 +239,9 @@ struct Traits<Q6_K> {
         const uint32_t p02 = (wq & mask) | ((hb & 0x00030003u) << (S ? 8 : 4)) | kMagic;
         const uint32_t p13 = ((wq >> 8) & mask) | (((hb >> 8) & 0x00030003u) << (S ? 8 : 4)) | kMagic;
         // q - 32: subtract 1024 + 32 (or 1024 + 16·32 in the 16q form), exact in fp16
-        const __half2 sub = __float2half2_rn(S ? 1024.0f + 512.0f : 1024.0f + 32.0f);
-        const __half2 zero = __float2half2_rn(0.0f);
-        s02 = deq2(p02, sub, scale, zero);
-        s13 = deq2(p13, sub, scale, zero);
+        const __half2 sub = S ? kSub1536() : kSub1056();
+        s02 = h2_bits(__hmul2(__hsub2(bits_h2(p02), sub), k.scale));
+        s13 = h2_bits(__hmul2(__hsub2(bits_h2(p13), sub), k.scale));
     }
 };
 
@@ -248,18 +263,19 @@ struct Traits<Q8_0> {
     }
     __device__ static int kofs(int c, int u, int, int t) { return 64 * c + 16 * t + 4 * u; }
     template <int C, int S>
-    __device__ static void frag(const Row& r, int u, int t, uint32_t& s02, uint32_t& s13) {
+    __device__ static Scales prep(const Row& r, int t) {
         const uint32_t dw = (&r.d.x)[C];  // blocks 2C, 2C + 1
         const __half dh = __ushort_as_half((unsigned short)((t >> 1) ? dw >> 16 : dw & 0xFFFF));
-        const __half2 scale = __half2half2(dh);
+        return {__half2half2(dh), __float2half2_rn(0.0f)};
+    }
+    template <int C, int S>
+    __device__ static void frag(const Row& r, const Scales& k, int u, int, uint32_t& s02, uint32_t& s13) {
         // int8 → uint8 + 128 by flipping the sign bit; bytes (0, 2) and (1, 3) into 0x64xx halves.
         const uint32_t wq = (&r.qs[C].x)[u] ^ 0x80808080u;
         const uint32_t p02 = __byte_perm(wq, 0x64646464u, 0x4240);
         const uint32_t p13 = __byte_perm(wq, 0x64646464u, 0x4341);
-        const __half2 sub = __float2half2_rn(1024.0f + 128.0f);
-        const __half2 zero = __float2half2_rn(0.0f);
-        s02 = deq2(p02, sub, scale, zero);
-        s13 = deq2(p13, sub, scale, zero);
+        s02 = h2_bits(__hmul2(__hsub2(bits_h2(p02), kSub1152()), k.scale));
+        s13 = h2_bits(__hmul2(__hsub2(bits_h2(p13), kSub1152()), k.scale));
     }
 };
 
