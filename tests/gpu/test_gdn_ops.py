@@ -1,0 +1,352 @@
+"""27B Gated DeltaNet ops (cuda/ops/gdn_*.cu) against the CPU engine's math (engines/cpu.py).
+
+Every op on random inputs at the 27B head counts (Hk16-Hv48) and a small odd one (Hk2-Hv6), outputs
+NaN-poisoned before the call, compared by relative RMS error (< 1e-4: fp32 throughout), final recurrent
+and conv states too. Trees are random with branches (10-23 slots); the commit is checked against the
+CPU's per-slot state of the accepted node. A 2,000-step decode checks that the GPU state drifts from a
+float64 reference no more than the CPU's own fp32 does.
+
+Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_gdn_ops.py`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+import pytest
+from gdn_attn_dev import Pool, assert_close, call, rel_rms
+
+from lucebox_cli.engines.base import Tree
+from lucebox_cli.engines.cpu import (_l2_norm, _rms_norm, _sigmoid, _silu, _tile_heads, gated_delta_chunked,
+                                     gated_delta_recurrent, gated_delta_tree)
+from lucebox_cli.engines.gdn_tree_plan import save_plan
+
+pytestmark = pytest.mark.gpu
+
+D = 128
+EPS = 1e-6
+TOL = 1e-4
+HEADS = [(16, 48), (2, 6)]
+HEAD_IDS = ["Hk16-Hv48", "Hk2-Hv6"]
+f32 = np.float32
+
+
+def weights(hk: int, hv: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    c = (2 * hk + hv) * D
+    return {
+        "conv_w": (rng.standard_normal((c, 4)) * 0.5).astype(f32),
+        "ssm_a": (-np.exp(rng.standard_normal(hv) * 0.5)).astype(f32),
+        "dt_bias": (rng.standard_normal(hv) * 0.5).astype(f32),
+        "norm_w": (1.0 + 0.1 * rng.standard_normal(D)).astype(f32),
+    }
+
+
+def layer_inputs(t: int, hk: int, hv: int, seed: int, dtype=f32) -> dict:
+    rng = np.random.default_rng(seed)
+    c = (2 * hk + hv) * D
+    return {
+        "pre": rng.standard_normal((t, c)).astype(dtype),
+        "a": rng.standard_normal((t, hv)).astype(dtype),
+        "b": rng.standard_normal((t, hv)).astype(dtype),
+        "z": rng.standard_normal((t, hv * D)).astype(dtype),
+        "conv": rng.standard_normal((3, c)).astype(dtype),
+    }
+
+
+def delta_inputs(n: int, hk: int, hv: int, seed: int):
+    rng = np.random.default_rng(seed)
+    q = (_l2_norm(rng.standard_normal((n, hk, D))) / np.sqrt(D)).astype(f32)
+    k = _l2_norm(rng.standard_normal((n, hk, D))).astype(f32)
+    v = rng.standard_normal((n, hv, D)).astype(f32)
+    g = (-np.abs(rng.standard_normal((n, hv))) * 0.3).astype(f32)
+    beta = rng.uniform(0.05, 0.95, (n, hv)).astype(f32)
+    state = (rng.standard_normal((hv, D, D)) * 0.1).astype(f32)
+    return q, k, v, g, beta, state
+
+
+def random_tree(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    par = np.full(n, -1, dtype=np.int32)
+    for i in range(1, n):
+        par[i] = i - 1 if rng.random() < 0.6 else rng.integers(0, i)
+    return par
+
+
+def tree_windows(parents) -> np.ndarray:
+    """CPUEngine._tree_windows: rows of concat(conv_state, pre) forming each slot's window."""
+    tree = Tree(np.zeros(len(parents), dtype=np.int64), np.asarray(parents, dtype=np.int64))
+    rows = [([0, 1, 2] + [3 + s for s in tree.path_to(i)])[-4:] for i in range(tree.size)]
+    return np.asarray(rows, dtype=np.int64)
+
+
+def prep_ref(x: dict, w: dict, hk: int, hv: int, windows=None):
+    """cpu.py CPUEngine._deltanet from pre to (q, k, v, g, beta) and the advanced conv state."""
+    pre = x["pre"]
+    t = pre.shape[0]
+    history = np.concatenate([x["conv"], pre], axis=0)
+    cw = w["conv_w"].astype(pre.dtype)
+    if windows is None:
+        mixed = sum(history[j : j + t] * cw[:, j] for j in range(4))
+    else:
+        mixed = np.einsum("tkc,ck->tc", history[windows], cw)
+    mixed = _silu(mixed)
+    qk = hk * D
+    q = _l2_norm(mixed[:, :qk].reshape(t, hk, D)) / np.sqrt(D).astype(pre.dtype)
+    k = _l2_norm(mixed[:, qk : 2 * qk].reshape(t, hk, D))
+    v = mixed[:, 2 * qk :].reshape(t, hv, D)
+    beta = _sigmoid(x["b"])
+    g = w["ssm_a"].astype(pre.dtype) * np.logaddexp(0.0, x["a"] + w["dt_bias"].astype(pre.dtype))
+    return q, k, v, g.astype(pre.dtype), beta.astype(pre.dtype), history[-3:]
+
+
+def out_ref(o: np.ndarray, z: np.ndarray, norm_w: np.ndarray, hv: int) -> np.ndarray:
+    t = o.shape[0]
+    return (_rms_norm(o, norm_w, EPS) * _silu(z.reshape(t, hv, D))).reshape(t, hv * D)
+
+
+def _wdev(p: Pool, w: dict) -> dict:
+    return {k: p.of(v) for k, v in w.items()}
+
+
+def _prep_outputs(p: Pool, t: int, hk: int, hv: int):
+    return (p.nan(t * hk * D * 4), p.nan(t * hk * D * 4), p.nan(t * hv * D * 4), p.nan(t * hv * 4),
+            p.nan(t * hv * 4))
+
+
+def _get_prep(bufs, t, hk, hv):
+    q, k, v, g, b = bufs
+    return (q.get(f32, (t, hk, D)), k.get(f32, (t, hk, D)), v.get(f32, (t, hv, D)), g.get(f32, (t, hv)),
+            b.get(f32, (t, hv)))
+
+
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("t", [1, 5, 130])
+def test_conv_prep_sequential(hk, hv, t):
+    w, x = weights(hk, hv, 1), layer_inputs(t, hk, hv, 2 + t)
+    want = prep_ref(x, w, hk, hv)
+    c = (2 * hk + hv) * D
+    with Pool() as p:
+        wd, pre, a, b, conv = _wdev(p, w), p.of(x["pre"]), p.of(x["a"]), p.of(x["b"]), p.of(x["conv"])
+        outs = _prep_outputs(p, t, hk, hv)
+        call("lb_gdn_conv_prep", pre.ptr, c, a.ptr, b.ptr, wd["conv_w"].ptr, wd["ssm_a"].ptr, wd["dt_bias"].ptr,
+             conv.ptr, None, *[o.ptr for o in outs], t, hk, hv, 1, None)
+        got = _get_prep(outs, t, hk, hv)
+        for name, gv, wv in zip("q k v g beta".split(), got, want):
+            assert_close(gv, wv, TOL, name)
+        assert np.array_equal(conv.get(f32, (3, c)), want[5]), "conv state not advanced to the last 3 inputs"
+
+
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("n,seed", [(10, 3), (23, 4)])
+def test_conv_prep_tree(hk, hv, n, seed):
+    par = random_tree(n, seed)
+    w, x = weights(hk, hv, seed), layer_inputs(n, hk, hv, seed + 10)
+    want = prep_ref(x, w, hk, hv, tree_windows(par))
+    c = (2 * hk + hv) * D
+    with Pool() as p:
+        wd, pre, a, b, conv = _wdev(p, w), p.of(x["pre"]), p.of(x["a"]), p.of(x["b"]), p.of(x["conv"])
+        outs = _prep_outputs(p, n, hk, hv)
+        call("lb_gdn_conv_prep", pre.ptr, c, a.ptr, b.ptr, wd["conv_w"].ptr, wd["ssm_a"].ptr, wd["dt_bias"].ptr,
+             conv.ptr, p.of(par).ptr, *[o.ptr for o in outs], n, hk, hv, 0, None)
+        for name, gv, wv in zip("q k v g beta".split(), _get_prep(outs, n, hk, hv), want):
+            assert_close(gv, wv, TOL, name)
+        assert np.array_equal(conv.get(f32, (3, c)), x["conv"]), "verify must not touch the conv state"
+
+
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("t", [1, 7])
+def test_delta_recurrent(hk, hv, t):
+    q, k, v, g, beta, state = delta_inputs(t, hk, hv, 20 + t)
+    o_ref, s_ref = gated_delta_recurrent(q, k, v, g, beta, state)
+    with Pool() as p:
+        st, o = p.of(state), p.nan(t * hv * D * 4)
+        call("lb_gdn_delta", p.of(q).ptr, p.of(k).ptr, p.of(v).ptr, p.of(g).ptr, p.of(beta).ptr, st.ptr, o.ptr, None,
+             None, 0, t, hk, hv, 1, None)
+        assert_close(o.get(f32, (t, hv, D)), o_ref, TOL, "o")
+        assert_close(st.get(f32, state.shape), s_ref, TOL, "state")
+
+
+def _tree_plan(par: np.ndarray) -> int:
+    idx = np.empty(par.size, dtype=np.int32)
+    cnt = ctypes.c_int()
+    call("lb_gdn_tree_plan", par.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), par.size,
+         idx.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), ctypes.byref(cnt))
+    assert idx.tolist() == save_plan(par).tolist()
+    return cnt.value
+
+
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("n,seed", [(10, 5), (17, 6), (23, 7)], ids=["N10", "N17", "N23"])
+def test_delta_tree_and_commit(hk, hv, n, seed):
+    q, k, v, g, beta, state = delta_inputs(n, hk, hv, seed)
+    par = random_tree(n, seed)
+    o_ref, states = gated_delta_tree(q, k, v, g, beta, state, par)
+    n_saves = _tree_plan(par)
+    c = (2 * hk + hv) * D
+    rng = np.random.default_rng(seed)
+    pre, conv0 = rng.standard_normal((n, c)).astype(f32), rng.standard_normal((3, c)).astype(f32)
+    leaf = int(np.argmax(Tree(np.zeros(n, dtype=np.int64), par.astype(np.int64)).depth))
+    path = np.asarray(Tree(np.zeros(n, dtype=np.int64), par.astype(np.int64)).path_to(leaf), dtype=np.int32)
+    with Pool() as p:
+        st, o, saves = p.of(state), p.nan(n * hv * D * 4), p.nan(max(n_saves, 1) * hv * D * D * 4)
+        kd, vd, gd, bd = p.of(k), p.of(v), p.of(g), p.of(beta)
+        call("lb_gdn_delta", p.of(q).ptr, kd.ptr, vd.ptr, gd.ptr, bd.ptr, st.ptr, o.ptr, p.of(par).ptr, saves.ptr,
+             n_saves, n, hk, hv, 0, None)
+        assert_close(o.get(f32, (n, hv, D)), o_ref, TOL, "tree o")
+        assert np.array_equal(st.get(f32, state.shape), state), "verify must not write the committed state"
+        conv = p.of(conv0)
+        call("lb_gdn_commit", kd.ptr, vd.ptr, gd.ptr, bd.ptr, p.of(pre).ptr, c, st.ptr, conv.ptr, p.of(path).ptr,
+             path.size, hk, hv, None)
+        assert_close(st.get(f32, state.shape), states[leaf], TOL, f"committed state after path {path.tolist()}")
+        want_conv = np.concatenate([conv0, pre[path]], axis=0)[-3:]
+        assert np.array_equal(conv.get(f32, (3, c)), want_conv), "conv state after commit"
+
+
+def test_tree_scratch_too_small_poisons():
+    hk, hv, n = 2, 6, 6
+    q, k, v, g, beta, state = delta_inputs(n, hk, hv, 9)
+    par = np.array([-1, 0, 1, 0, 3, 1], dtype=np.int32)  # slots 3 and 5 reload saved states
+    with Pool() as p:
+        o = p.nan(n * hv * D * 4)
+        call("lb_gdn_delta", p.of(q).ptr, p.of(k).ptr, p.of(v).ptr, p.of(g).ptr, p.of(beta).ptr, p.of(state).ptr,
+             o.ptr, p.of(par).ptr, None, 0, n, hk, hv, 0, None)
+        got = o.get(f32, (n, hv, D))
+    assert np.isfinite(got[:3]).all() and np.isnan(got[3]).all() and np.isnan(got[5]).all()
+
+
+def _layer_call(name, p, x, w, hk, hv, t, conv, st, y, scratch):
+    wd = _wdev(p, w)
+    call(name, p.of(x["pre"]).ptr, p.of(x["a"]).ptr, p.of(x["b"]).ptr, p.of(x["z"]).ptr, wd["conv_w"].ptr,
+         wd["ssm_a"].ptr, wd["dt_bias"].ptr, wd["norm_w"].ptr, conv.ptr, st.ptr, y.ptr, scratch.ptr, t, hk, hv,
+         ctypes.c_float(EPS), None)
+
+
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("t", [1, 3])
+def test_decode_step(hk, hv, t):
+    from gdn_attn_dev import lib
+
+    w, x = weights(hk, hv, 30), layer_inputs(t, hk, hv, 31)
+    state = delta_inputs(1, hk, hv, 32)[5]
+    q, k, v, g, beta, conv_new = prep_ref(x, w, hk, hv)
+    o, s_ref = gated_delta_recurrent(q, k, v, g, beta, state)
+    y_ref = out_ref(o, x["z"], w["norm_w"], hv)
+    c = (2 * hk + hv) * D
+    with Pool() as p:
+        conv, st, y = p.of(x["conv"]), p.of(state), p.nan(t * hv * D * 4)
+        scratch = p.nan(lib().fn.lb_gdn_step_scratch_bytes(t, hk, hv))
+        _layer_call("lb_gdn_decode_step", p, x, w, hk, hv, t, conv, st, y, scratch)
+        assert_close(y.get(f32, (t, hv * D)), y_ref, TOL, "y")
+        assert_close(st.get(f32, state.shape), s_ref, TOL, "state")
+        assert np.array_equal(conv.get(f32, (3, c)), conv_new)
+
+
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("t", [1, 64, 65, 200])
+def test_chunked(hk, hv, t):
+    from gdn_attn_dev import lib
+
+    q, k, v, g, beta, state = delta_inputs(t, hk, hv, 40 + t)
+    o_ref, s_ref = gated_delta_chunked(q, k, v, g, beta, state)
+    with Pool() as p:
+        st, o = p.of(state), p.nan(t * hv * D * 4)
+        scratch = p.nan(lib().fn.lb_gdn_chunked_scratch_bytes(t, hv))
+        call("lb_gdn_chunked", p.of(q).ptr, p.of(k).ptr, p.of(v).ptr, p.of(g).ptr, p.of(beta).ptr, st.ptr, o.ptr,
+             scratch.ptr, t, hk, hv, None)
+        assert_close(o.get(f32, (t, hv, D)), o_ref, TOL, "o")
+        assert_close(st.get(f32, state.shape), s_ref, TOL, "state")
+
+
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+def test_prefill(hk, hv):
+    from gdn_attn_dev import lib
+
+    t = 150
+    w, x = weights(hk, hv, 50), layer_inputs(t, hk, hv, 51)
+    state = delta_inputs(1, hk, hv, 52)[5]
+    q, k, v, g, beta, conv_new = prep_ref(x, w, hk, hv)
+    o, s_ref = gated_delta_chunked(q, k, v, g, beta, state)
+    c = (2 * hk + hv) * D
+    with Pool() as p:
+        conv, st, y = p.of(x["conv"]), p.of(state), p.nan(t * hv * D * 4)
+        scratch = p.nan(lib().fn.lb_gdn_prefill_scratch_bytes(t, hk, hv))
+        _layer_call("lb_gdn_prefill", p, x, w, hk, hv, t, conv, st, y, scratch)
+        assert_close(y.get(f32, (t, hv * D)), out_ref(o, x["z"], w["norm_w"], hv), TOL, "y")
+        assert_close(st.get(f32, state.shape), s_ref, TOL, "state")
+        assert np.array_equal(conv.get(f32, (3, c)), conv_new)
+
+
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+def test_tree_verify_layer(hk, hv):
+    n, seed = 19, 60
+    par = random_tree(n, seed)
+    w, x = weights(hk, hv, seed), layer_inputs(n, hk, hv, seed + 1)
+    state = delta_inputs(1, hk, hv, seed + 2)[5]
+    q, k, v, g, beta, _ = prep_ref(x, w, hk, hv, tree_windows(par))
+    o, _ = gated_delta_tree(q, k, v, g, beta, state, par)
+    n_saves = _tree_plan(par)
+    with Pool() as p:
+        wd = _wdev(p, w)
+        conv, st, y = p.of(x["conv"]), p.of(state), p.nan(n * hv * D * 4)
+        outs = _prep_outputs(p, n, hk, hv)
+        od, saves = p.nan(n * hv * D * 4), p.nan(max(n_saves, 1) * hv * D * D * 4)
+        call("lb_gdn_tree_verify", p.of(x["pre"]).ptr, p.of(x["a"]).ptr, p.of(x["b"]).ptr, p.of(x["z"]).ptr,
+             wd["conv_w"].ptr, wd["ssm_a"].ptr, wd["dt_bias"].ptr, wd["norm_w"].ptr, conv.ptr, st.ptr, p.of(par).ptr,
+             *[b.ptr for b in outs], od.ptr, saves.ptr, n_saves, y.ptr, n, hk, hv, ctypes.c_float(EPS), None)
+        assert_close(y.get(f32, (n, hv * D)), out_ref(o, x["z"], w["norm_w"], hv), TOL, "y")
+        for name, gv, wv in zip("q k v g beta".split(), _get_prep(outs, n, hk, hv), (q, k, v, g, beta)):
+            assert_close(gv, wv, TOL, f"saved {name}")
+
+
+def _delta64(s, q, k, v, g, beta, hv):
+    """One token, float64, the per-token form of cpu.py (the drift reference)."""
+    qt, kt = _tile_heads(q, hv)[0], _tile_heads(k, hv)[0]
+    s = s * np.exp(g[0])[:, None, None]
+    u = beta[0][:, None] * (v[0] - np.einsum("hk,hkv->hv", kt, s))
+    s = s + kt[:, :, None] * u[:, None, :]
+    return np.einsum("hk,hkv->hv", qt, s), s
+
+
+def test_decode_drift_2000():
+    from gdn_attn_dev import lib
+
+    hk, hv, steps = 2, 6, 2000
+    w = weights(hk, hv, 70)
+    x = layer_inputs(steps, hk, hv, 71)
+    c = (2 * hk + hv) * D
+    state0 = delta_inputs(1, hk, hv, 72)[5]
+    s32, s64 = state0.copy(), state0.astype(np.float64)
+    conv32, conv64 = x["conv"].copy(), x["conv"].astype(np.float64)
+    w64 = {k: v.astype(np.float64) for k, v in w.items()}
+    errs = []
+    with Pool() as p:
+        wd = _wdev(p, w)
+        pre, a, b, z = p.of(x["pre"]), p.of(x["a"]), p.of(x["b"]), p.of(x["z"])
+        conv, st, y = p.of(x["conv"]), p.of(state0), p.nan(steps * hv * D * 4)
+        scratch = p.nan(lib().fn.lb_gdn_step_scratch_bytes(1, hk, hv))
+        for i in range(steps):
+            call("lb_gdn_decode_step", pre.at(i * c * 4), a.at(i * hv * 4), b.at(i * hv * 4), z.at(i * hv * D * 4),
+                 wd["conv_w"].ptr, wd["ssm_a"].ptr, wd["dt_bias"].ptr, wd["norm_w"].ptr, conv.ptr, st.ptr,
+                 y.at(i * hv * D * 4), scratch.ptr, 1, hk, hv, ctypes.c_float(EPS), None)
+            xi = {k: x[k][i : i + 1] for k in ("pre", "a", "b", "z")}
+            q, k, v, g, bt, conv32 = prep_ref({**xi, "conv": conv32}, w, hk, hv)
+            _, s32 = gated_delta_recurrent(q, k, v, g, bt, s32)
+            xi64 = {k: vv.astype(np.float64) for k, vv in xi.items()}
+            q, k, v, g, bt, conv64 = prep_ref({**xi64, "conv": conv64}, w64, hk, hv)
+            o64, s64 = _delta64(s64, q, k, v, g, bt, hv)
+            if (i + 1) % 500 == 0:
+                gpu = st.get(f32, state0.shape)
+                errs.append((i + 1, rel_rms(gpu, s64), rel_rms(s32, s64)))
+        y_last = y.get(f32, (steps, hv * D))[-1:]
+    y64 = out_ref(o64[None], x["z"][-1:].astype(np.float64), w64["norm_w"], hv)
+    for step, gpu_err, cpu_err in errs:
+        # fp32 rounding level: within a small factor of the CPU's own fp32 error, never growing past 1e-5
+        assert gpu_err < max(8 * cpu_err, 1e-6) and gpu_err < 1e-5, f"step {step}: gpu {gpu_err:.2e} cpu {cpu_err:.2e}"
+    assert_close(y_last, y64, TOL, "y after 2000 steps")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"] + sys.argv[1:]))
