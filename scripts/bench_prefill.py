@@ -58,16 +58,16 @@ def op_breakdown(lib, n: int, layers: int) -> None:
 
     p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
     n_dn, n_at = layers - layers // 4, layers // 4
-    x = torch.randn(n, 3584, device="cuda").to(torch.bfloat16)
+    x = torch.randn(2, n, 3584, device="cuda").to(torch.bfloat16)  # split pair (hi, lo) as the prefill feeds
     rows = []
     # (name, N, K, epilogue, calls per forward); SwiGLU reads 2N weight rows
     for name, nn, k, epi, calls in [("dn in-proj", 8224, 1024, 0, n_dn), ("attn in-proj", 5120, 1024, 0, n_at),
                                     ("out-proj +res", 1024, 2048, 1, layers), ("gate/up swiglu", 3584, 1024, 2, layers),
                                     ("down +res", 1024, 3584, 1, layers)]:
         w = torch.randn(2 * nn if epi == 2 else nn, k, device="cuda").to(torch.bfloat16)
-        y = torch.zeros(n, nn, device="cuda")
-        ms = timed(lambda: lib.call("lb_gemm_bf16", p(x), p(w), p(y), n, nn, k, epi, None))
-        flops = 2.0 * n * k * w.shape[0]
+        y = torch.zeros(n, nn, device="cuda")  # fp32 [n, nn], or the [2, n, nn] bf16 SwiGLU pair
+        ms = timed(lambda: lib.call("lb_gemm_bf16", p(x), p(w), p(y), n, nn, k, epi | 8, None))
+        flops = 2.0 * n * k * w.shape[0]  # useful FLOPs; the split input issues twice as many MMAs
         rows.append((name, ms, calls, f"{flops / ms / 1e9:.0f} TFLOP/s"))
     unit = lambda a: a / a.norm(dim=-1, keepdim=True)  # noqa: E731
     q, kk = unit(torch.randn(16, n, 128, device="cuda")) / 128**0.5, unit(torch.randn(16, n, 128, device="cuda"))
@@ -78,7 +78,7 @@ def op_breakdown(lib, n: int, layers: int) -> None:
     rows.append(("deltanet chunked", ms, n_dn, ""))
     qf, y = torch.randn(n, 8, 256, device="cuda"), torch.randn(n, 4096, device="cuda")
     kc = torch.randn(2, n, 256, device="cuda").to(torch.bfloat16)
-    out = torch.empty(n, 2048, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(2, n, 2048, dtype=torch.bfloat16, device="cuda")
     ms = timed(lambda: lib.call("lb_attn_prefill", p(qf), p(kc), p(kc), ctypes.c_void_p(y.data_ptr() + 1024), 4096, 512,
                                 p(out), n, 0, 8, 2, n, None))
     att_flops = 4.0 * 8 * 256 * n * (n + 1) / 2

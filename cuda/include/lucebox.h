@@ -94,7 +94,10 @@ LB_API int lb_cuda_versions(int* driver_version, int* runtime_version);
 /* gemm_bf16 epilogues. Y = X[m,k] · W[n,k]ᵀ, X and W bf16 row-major, fp32 accumulate (tensor cores). */
 #define LB_GEMM_F32 0    /* y fp32 [m, n] = result */
 #define LB_GEMM_RESID 1  /* y fp32 [m, n] += result */
-#define LB_GEMM_SWIGLU 2 /* w has 2n rows (gate rows, then up rows); y bf16 [m, n] = SiLU(gate) * up */
+#define LB_GEMM_SWIGLU 2 /* w has 2n rows (gate rows, then up rows); y bf16 [2, m, n] = SiLU(gate) * up as
+                            a split pair: y[0] = bf16(v) (hi), y[1] = bf16(v - hi) (lo) */
+#define LB_GEMM_SPLIT_X 8 /* OR-ed into the epilogue: x is bf16 [2, m, k], a split pair (x ≈ x[0] + x[1]),
+                             two MMAs per fragment: near-fp32 inputs (the prefill uses it everywhere) */
 /* k % 32 == 0, n % 8 == 0, any m >= 1. */
 LB_API int lb_gemm_bf16(const void* x, const void* w, void* y, int m, int n, int k, int epilogue, void* stream);
 
@@ -110,7 +113,8 @@ LB_API int lb_deltanet_chunked(const void* q, const void* k, const void* v, cons
 /* Causal gated attention of t queries at positions pos0 .. pos0+t-1 over cache rows [0, pos] (head_dim
  * 256, n_heads == 4 * n_kv_heads), online softmax in fp32. qf f32 [t, n_heads, 256] (normed + RoPE'd,
  * unscaled); k_cache / v_cache bf16 [n_kv_heads, max_ctx, 256] (the rows of this prompt already
- * written); out bf16 [t, n_heads*256] = softmax(q·Kᵀ/16)·V ⊙ sigmoid(gate[i*gate_ld + h*gate_hs + d]). */
+ * written); out bf16 [2, t, n_heads*256], a split pair (hi, lo as LB_GEMM_SWIGLU writes) of
+ * softmax(q·Kᵀ/16)·V ⊙ sigmoid(gate[i*gate_ld + h*gate_hs + d]). */
 LB_API int lb_attn_prefill(const void* qf, const void* k_cache, const void* v_cache, const void* gate, int gate_ld,
                            int gate_hs, void* out, int t, int pos0, int n_heads, int n_kv_heads, int max_ctx,
                            void* stream);

@@ -1,7 +1,8 @@
 // attn_prefill: the prompt's gated full attention for Qwen3.5 (head_dim 256, 4 query heads per kv head).
 //  - attn_prep: per token, q/k RMSNorm1p, partial RoPE (dims [0, 64), i pairs with i + 32), K and V
 //    rounded to bf16 into the decode megakernel's cache [n_kv, max_ctx, 256] at their positions.
-//  - attn_flash: causal attention over cache rows [0, pos] with an online softmax, then ⊙ sigmoid(gate).
+//  - attn_flash: causal attention over cache rows [0, pos] with an online softmax, then ⊙ sigmoid(gate),
+//    written as split bf16 (hi, lo parts) for the o_proj GEMM.
 //
 // attn_flash is fp32 on CUDA cores (flash-style tiling, no tensor cores): at pp520 attention is ~1% of
 // the prefill's FLOPs, and fp32 keeps it as exact as the decode kernel, which reads the same bf16 cache
@@ -93,7 +94,8 @@ __global__ void __launch_bounds__(256) attn_flash_kernel(const float* __restrict
     float* mrow = Ps + R * PP;                                   // [R] running max
     float* lrow = mrow + R;                                      // [R] running sum
     float* arow = lrow + R;                                      // [R] rescale of this tile
-    const int t0 = blockIdx.x * BQ, g = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // the last tokens read the most keys: start them first so they do not form the tail
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * BQ, g = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int last_t = min(t0 + BQ, T) - 1;
     const int kv_end = pos0 + last_t + 1;  // keys [0, kv_end) are visible to some row of the block
 
@@ -196,7 +198,10 @@ __global__ void __launch_bounds__(256) attn_flash_kernel(const float* __restrict
         const float* gt = gate + (size_t)t * gate_ld + (size_t)h * gate_hs + 2 * dp;
         const float o0 = acc[a][0] * inv * sigmoidf_(gt[0]);
         const float o1 = acc[a][1] * inv * sigmoidf_(gt[1]);
-        *reinterpret_cast<uint32_t*>(out + ((size_t)t * nh + h) * D + 2 * dp) = pack_bf2(o0, o1);
+        uint32_t hi, lo;
+        split_bf2(o0, o1, hi, lo);
+        *reinterpret_cast<uint32_t*>(out + ((size_t)t * nh + h) * D + 2 * dp) = hi;
+        *reinterpret_cast<uint32_t*>(out + ((size_t)(T + t) * nh + h) * D + 2 * dp) = lo;
     }
 }
 

@@ -27,6 +27,7 @@ constexpr int KP = D + 1;      // padded smem row of a [64][128] tile
 constexpr int LP = CH + 1;     // padded row of a [64][64] tile
 constexpr int DVS = 16;        // dv columns per scan block
 constexpr int WP = 2 * CH + 4;  // padded row of the scan's transposed [w; q] tile (float4-aligned)
+constexpr int AP = CH + 4;      // padded, 16-byte aligned row of the scan's Aqk tile
 constexpr int NH = 16;         // Qwen3.5-0.8B DeltaNet heads (conv prep)
 constexpr int C_QKV = 3 * NH * D;  // 6144 conv channels
 
@@ -48,7 +49,7 @@ Scratch carve(void* base, int T, int H) {
 
 constexpr size_t PREP_SMEM = (size_t)(2 * CH * KP + CH * LP + 3 * CH) * 4;
 constexpr size_t SCAN_SMEM = (size_t)(D * WP + D * DVS + 3 * CH * DVS + 3 * CH) * 4;
-static_assert(CH * WP + CH * LP <= D * WP, "k and Aqk fit in the freed [w; q] tile");
+static_assert(CH * WP + CH * AP <= D * WP, "k and Aqk fit in the freed [w; q] tile");
 
 __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ q, const float* __restrict__ k,
                                                      const float* __restrict__ v, const float* __restrict__ g,
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(256) dn_chunk_scan(const float* __restrict__ q
     extern __shared__ __align__(16) float sm[];
     float* WQ = sm;                  // [128 dk][WP]: cols 0..63 = w rows, 64..127 = q rows (transposed)
     float* Ks = sm;                  // phase 3 reuses it: k [64][WP] ...
-    float* Aq = sm + CH * WP;        // ... and Aqk [64][LP]
+    float* Aq = sm + CH * WP;        // ... and Aqk [64][AP]
     float* S = sm + D * WP;          // [128 dk][16 dv]
     float* vn = S + D * DVS;         // [64][16] v_new
     float* qs = vn + CH * DVS;       // [64][16] q S (before e^cum)
@@ -172,15 +173,19 @@ __global__ void __launch_bounds__(256) dn_chunk_scan(const float* __restrict__ q
     for (int c = 0; c < nch; ++c) {
         const int t0 = c * CH, L = min(CH, T - t0);
         const size_t hrow = (size_t)h * T + t0;
-        // phase 1: w and q of the chunk, transposed. A warp covers 8 dk x 4 rows: the global reads are
-        // whole 32-byte sectors and the smem writes hit 32 distinct banks (WP = 132: bank 4d + i).
+        // phase 1: w and q of the chunk, transposed, by 4-byte cp.async (all 64 copies of a thread in
+        // flight at once; rows past the prompt zero-filled). A warp covers 8 dk x 4 rows: the global
+        // reads are whole 32-byte sectors and the smem writes hit 32 distinct banks (bank 4d + i).
         for (int wi = tid >> 5; wi < (CH / 4) * (D / 8); wi += 8) {
             const int d = (wi % (D / 8)) * 8 + (lane & 7), i = (wi / (D / 8)) * 4 + (lane >> 3);
             const bool ok = i < L;
-            WQ[d * WP + i] = ok ? sc.w[(hrow + i) * D + d] : 0.0f;
-            WQ[d * WP + CH + i] = ok ? q[(hrow + i) * D + d] : 0.0f;
+            const size_t src = (hrow + (ok ? i : 0)) * D + d;
+            cp_async4_zfill(WQ + d * WP + i, sc.w + src, ok);
+            cp_async4_zfill(WQ + d * WP + CH + i, q + src, ok);
         }
+        cp_async_commit();
         if (tid < CH) cs[tid] = sc.cum[(size_t)h * nch * CH + t0 + tid];
+        cp_async_wait<0>();
         __syncthreads();
         if (tid < CH) {
             ec[tid] = expf(cs[tid]);
@@ -215,22 +220,27 @@ __global__ void __launch_bounds__(256) dn_chunk_scan(const float* __restrict__ q
             }
         }
         __syncthreads();
-        // phase 3: k rows and Aqk of the chunk into the freed tile
+        // phase 3: k rows and Aqk of the chunk into the freed tile (16-byte cp.async)
         for (int idx = tid; idx < CH * (D / 4); idx += 256) {
             const int i = idx / (D / 4), d = (idx % (D / 4)) * 4;
-            const float4 x = i < L ? *reinterpret_cast<const float4*>(k + (hrow + i) * D + d) : make_float4(0, 0, 0, 0);
-            *reinterpret_cast<float4*>(Ks + i * WP + d) = x;
+            const bool ok = i < L;
+            cp_async16_zfill(Ks + i * WP + d, k + (hrow + (ok ? i : 0)) * D + d, ok);
         }
         const float* aqk = sc.aqk + ((size_t)h * nch + c) * CH * CH;
-        for (int idx = tid; idx < CH * CH; idx += 256) Aq[(idx / CH) * LP + idx % CH] = aqk[idx];
+        for (int idx = tid; idx < CH * (CH / 4); idx += 256) {
+            const int r = idx / (CH / 4), cc = (idx % (CH / 4)) * 4;
+            cp_async16_zfill(Aq + r * AP + cc, aqk + r * CH + cc, true);
+        }
+        cp_async_commit();
         for (int idx = tid; idx < CH * DVS; idx += 256) vs[idx] = vn[idx] * el[idx / DVS];
+        cp_async_wait<0>();
         __syncthreads();
         // o = e^cum (q S) + Aqk v_new: thread row tid/4, columns 4 (tid%4) .. +3
         {
             const int i = tid >> 2, c4 = (tid & 3) * 4;
             float4 acc = make_float4(0, 0, 0, 0);
             for (int m = 0; m <= i; ++m) {
-                const float am = Aq[i * LP + m];
+                const float am = Aq[i * AP + m];
                 const float4 v4 = *reinterpret_cast<const float4*>(vn + m * DVS + c4);
                 acc.x = fmaf(am, v4.x, acc.x);
                 acc.y = fmaf(am, v4.y, acc.y);
@@ -324,7 +334,7 @@ __global__ void dn_ring_write_kernel(const float* __restrict__ y, int ldy, float
     }
 }
 
-// One warp per (token, head): RMSNorm over dv with the plain ssm_norm weight, times SiLU(z).
+// One warp per (token, head): RMSNorm over dv with the plain ssm_norm weight, times SiLU(z); split bf16 out.
 __global__ void dn_gated_norm_kernel(const float* __restrict__ o, const float* __restrict__ z, int ldz,
                                      const float* __restrict__ norm, uint16_t* __restrict__ xb, int T, float eps) {
     const int gw = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -335,10 +345,11 @@ __global__ void dn_gated_norm_kernel(const float* __restrict__ o, const float* _
     const float r = rsqrtf(ss / D + eps);
     const float4 zz = *reinterpret_cast<const float4*>(z + (size_t)t * ldz + h * D + lane * 4);
     const float4 w = *reinterpret_cast<const float4*>(norm + lane * 4);
-    uint2 out;
-    out.x = pack_bf2(a.x * r * w.x * siluf_(zz.x), a.y * r * w.y * siluf_(zz.y));
-    out.y = pack_bf2(a.z * r * w.z * siluf_(zz.z), a.w * r * w.w * siluf_(zz.w));
-    *reinterpret_cast<uint2*>(xb + (size_t)t * NH * D + h * D + lane * 4) = out;
+    uint2 hi, lo;
+    split_bf2(a.x * r * w.x * siluf_(zz.x), a.y * r * w.y * siluf_(zz.y), hi.x, lo.x);
+    split_bf2(a.z * r * w.z * siluf_(zz.z), a.w * r * w.w * siluf_(zz.w), hi.y, lo.y);
+    *reinterpret_cast<uint2*>(xb + (size_t)t * NH * D + h * D + lane * 4) = hi;
+    *reinterpret_cast<uint2*>(xb + ((size_t)T + t) * NH * D + h * D + lane * 4) = lo;
 }
 
 }  // namespace

@@ -24,6 +24,13 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
     return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
 }
 
+// x ≈ hi + lo for a pair: hi = bf16(x), lo = bf16(x - hi) (~16 significant bits), packed per part.
+__device__ __forceinline__ void split_bf2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+    const uint16_t h0 = f2bf(x0), h1 = f2bf(x1);
+    hi = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    lo = pack_bf2(x0 - bf2f(h0), x1 - bf2f(h1));
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
 
@@ -34,6 +41,11 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)_
 __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
     const int n = valid ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(n) : "memory");
+}
+// 4-byte form (L1-allocating .ca; .cg takes only 16 bytes), for transposing scatters.
+__device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(n) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>

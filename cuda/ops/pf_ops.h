@@ -13,8 +13,9 @@ namespace pf {
 // Y = X[M,K] · W[N,K]ᵀ, bf16 inputs (row-major as stored), fp32 accumulate on tensor cores.
 enum { EPI_F32 = 0, EPI_RESID = 1, EPI_SWIGLU = 2 };
 // EPI_F32: Y fp32 [M, N]; EPI_RESID: Y fp32 [M, N] += result; EPI_SWIGLU: W has 2N rows (gate rows
-// [0, N), up rows [N, 2N)), Y bf16 [M, N] = SiLU(gate) * up. K % 32 == 0, N % 8 == 0.
-int gemm_bf16(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi, int sm_count,
+// [0, N), up rows [N, 2N)), Y bf16 [2][M, N] = SiLU(gate) * up as hi and lo parts. split_x: X is
+// bf16 [2][M, K] (hi, lo parts; x ≈ hi + lo), else bf16 [M, K]. K % 32 == 0, N % 8 == 0.
+int gemm_bf16(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi, bool split_x, int sm_count,
               cudaStream_t s);
 // Opt into the shared-memory sizes the GEMM variants need (once per device; idempotent).
 int gemm_bf16_prepare();
@@ -39,7 +40,8 @@ int dn_conv_prep(const float* y, int ldy, const float* ring, const float* conv_w
                  cudaStream_t s);
 // ring slot (pos0 + t) % 4 <- pre-conv qkv of row t, for the last min(T, 4) rows (run after dn_conv_prep).
 int dn_ring_write(const float* y, int ldy, float* ring, int T, int pos0, cudaStream_t s);
-// xb[t, h*128 + d] = bf16(RMSNorm(o[t, h, :]) * norm[d] * SiLU(z[t, h*128 + d])), z row stride ldz.
+// xb[t, h*128 + d] = RMSNorm(o[t, h, :]) * norm[d] * SiLU(z[t, h*128 + d]) as split bf16 [2][T, 2048]
+// (hi, lo parts), z row stride ldz.
 int dn_gated_norm(const float* o, const float* z, int ldz, const float* norm, uint16_t* xb, int T, float eps,
                   cudaStream_t s);
 
@@ -52,7 +54,7 @@ int attn_prep(const float* y, int ldy, const float* q_norm, const float* k_norm,
               uint16_t* vc, int T, int pos0, int n_heads, int n_kv, int max_ctx, float eps, float theta,
               cudaStream_t s);
 // Causal attention of T queries at positions pos0 + t over cache rows [0, pos0 + t], online softmax in
-// fp32; out bf16 [T, n_heads*256] = attention ⊙ sigmoid(gate[t*gate_ld + h*gate_hs + d]).
+// fp32; out split bf16 [2][T, n_heads*256] (hi, lo) = attention ⊙ sigmoid(gate[t*gate_ld + h*gate_hs + d]).
 int attn_flash(const float* qf, const uint16_t* kc, const uint16_t* vc, const float* gate, int gate_ld, int gate_hs,
                uint16_t* out, int T, int pos0, int n_heads, int n_kv, int max_ctx, cudaStream_t s);
 int attn_prepare();
@@ -60,7 +62,7 @@ int attn_prepare();
 // ---- pf_small.cu ----
 // h[t, :] = embed[tok[t], :] as fp32 (HID = 1024).
 int embed_gather(const uint16_t* embed, const int32_t* tok, float* h, int T, int hid, cudaStream_t s);
-// xb[t, :] = bf16(h[t, :] * rsqrt(mean(h²) + eps) * w); hid = 1024.
+// xb = h[t, :] * rsqrt(mean(h²) + eps) * w as split bf16 [2][T, 1024] (hi, lo); hid = 1024.
 int rmsnorm_bf16(const float* h, const float* w, uint16_t* xb, int T, int hid, float eps, cudaStream_t s);
 // logits[v] = RMSNorm(h_row, w) · E[v, :] for one row (hid = 1024); block partial argmaxes into
 // part_val/part_idx; returns the number of blocks through *n_part.

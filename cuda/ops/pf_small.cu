@@ -1,4 +1,4 @@
-// Small prefill kernels: embedding gather, RMSNorm into bf16 GEMM inputs, and the LM head of the last
+// Small prefill kernels: embedding gather, RMSNorm into split-bf16 GEMM inputs, and the LM head of the last
 // position (a GEMV over the tied embedding with block argmax partials) plus the final argmax.
 #include "lb_check.cuh"
 #include "pf_common.cuh"
@@ -40,10 +40,12 @@ __global__ void __launch_bounds__(256) rmsnorm_bf16_kernel(const float* __restri
     const float ss = block_sum256(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w, red);
     const float r = rsqrtf(ss / HID + eps);
     const float4 g = *reinterpret_cast<const float4*>(w + i);
-    uint2 o;
-    o.x = pack_bf2(x.x * r * g.x, x.y * r * g.y);
-    o.y = pack_bf2(x.z * r * g.z, x.w * r * g.w);
-    *reinterpret_cast<uint2*>(xb + (size_t)t * HID + i) = o;
+    // split bf16: the hi part, then the lo part gridDim.x (= T) rows later
+    uint2 hi, lo;
+    split_bf2(x.x * r * g.x, x.y * r * g.y, hi.x, lo.x);
+    split_bf2(x.z * r * g.z, x.w * r * g.w, hi.y, lo.y);
+    *reinterpret_cast<uint2*>(xb + (size_t)t * HID + i) = hi;
+    *reinterpret_cast<uint2*>(xb + ((size_t)gridDim.x + t) * HID + i) = lo;
 }
 
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
