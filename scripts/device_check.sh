@@ -1,61 +1,53 @@
 #!/usr/bin/env bash
-# The one script run on the device machine (call: `bash scripts/device_check.sh`, carry [".whl"]):
-# install carried wheels, build for the H200, run the gpu tests, write the random 0.8B model, run
-# `lucebox bench speed` (JSON + md). Everything lands under $OUT (at most 8 files come back).
+# The one script run on the device machine. Call it with the device tool as
+#   command: bash scripts/device_check.sh      carry: [".whl", "build/h200-sm90/liblucebox.so"]
+# It installs the carried wheels (the device has no gguf), uses the carried library when its commit
+# matches (else builds), runs every gpu test, then the benches: `lucebox bench speed` on the random-weight
+# 0.8B (pp520 / tg128), the 27B quantized GEMV bandwidth table, and the 27B DeltaNet/attention op timings.
+# Results land under $OUT (at most 8 files come back): setup.log, gpu_tests.log, bench.json, bench.md,
+# quant_gemv.log, gdn_attn.json, summary.txt.
 set -u -o pipefail
 OUT=${OUT:-/tmp/lucebox_out}
+PROFILE=${PROFILE:-h200-sm90}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 LUCEBOX_GIT_COMMIT=${LUCEBOX_GIT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   > "$OUT/setup.log" 2>&1 || echo "wheel install failed (see setup.log)"
 export PYTHONPATH=/tmp/site:$PWD
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv | tee -a "$OUT/setup.log"
+S="$OUT/summary.txt"
+{ echo "commit $LUCEBOX_GIT_COMMIT"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader; } | tee "$S"
 
-echo "== build"
-make build PROFILE=h200-sm90 PY=python3 >> "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
-
-echo "== smoke (4 layers, 8 tokens; a hang here stops the script)"
-timeout 90 python3 - > "$OUT/smoke.log" 2>&1 <<'PY'
-import sys, time
-sys.path.insert(0, "scripts")
-import numpy as np
-from make_random_08b import config_08b, random_internal_weights
-from lucebox_cli.engines.megakernel import MegakernelEngine
-cfg = config_08b(4)
-eng = MegakernelEngine(cfg, random_internal_weights(cfg, 0), max_context=256)
-print("info", eng.info)
-lg = eng.prefill([1, 2, 3])
-print("prefill argmax", int(np.argmax(lg)), "finite", bool(np.isfinite(lg).all()), "pending", eng.pending)
-t = time.perf_counter(); toks = eng.decode(64); dt = time.perf_counter() - t
-print("decode", toks[:8].tolist(), f"{64/dt:.0f} tok/s (4 layers)", eng.last_kernel_ms(), "ms kernel")
+lib=build/$PROFILE/liblucebox.so
+if [ -f "$lib" ] && python3 - "$lib" <<'PY'
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1]); lib.lb_build_info.restype = ctypes.c_char_p
+print("carried library:", json.loads(lib.lb_build_info())["commit"])
 PY
-rc=$?; cat "$OUT/smoke.log"; [ $rc -eq 0 ] || { echo "smoke failed rc=$rc"; exit 1; }
-
-echo "== gpu tests"
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu tests/gpu -q -s -p no:cacheprovider ${PYTEST_ARGS:-} \
-  > "$OUT/gpu_tests.log" 2>&1
-echo "pytest rc=$?"
-tail -25 "$OUT/gpu_tests.log"
-
-echo "== random model + bench"
-MODEL=/tmp/random-qwen3.5-0.8b
-python3 scripts/make_random_08b.py "$MODEL" ${GGUF:---no-gguf} >> "$OUT/setup.log" 2>&1 || echo "model write failed"
-BENCH=(bench speed "$MODEL" -p "${PP:-520}" -n "${TG:-128}" -r "${REPS:-5}")
-
-if python3 -c 'import lucebox_cli.cli.bench' 2>/dev/null; then
-  timeout 240 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' "${BENCH[@]}" --json \
-    > "$OUT/bench.json" 2> "$OUT/bench.err"
+then echo "using the carried $lib" | tee -a "$S"
 else
-  timeout 240 python3 - "$MODEL" > "$OUT/bench.json" 2> "$OUT/bench.err" <<'PY'
-import os, sys
-from lucebox_cli.cli.bench_speed import run_speed
-from lucebox_cli.bench.report import render
-rows = run_speed(sys.argv[1], n_prompt=int(os.environ.get("PP", 520)), n_gen=int(os.environ.get("TG", 128)),
-                 reps=int(os.environ.get("REPS", 5)), engine="cuda", profile=None, max_context=4096, warmup=1)
-print(render(rows, "json"))
-PY
+  echo "== build" | tee -a "$S"
+  make build PROFILE="$PROFILE" PY=python3 -j"$(nproc)" >> "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
 fi
-echo "bench rc=$?"
-tail -5 "$OUT/bench.err"
+
+echo "== gpu tests" | tee -a "$S"
+timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE ${PYTEST_ARGS:-} \
+  > "$OUT/gpu_tests.log" 2>&1
+echo "pytest rc=$?" | tee -a "$S"
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -30 | tee -a "$S"
+
+echo "== bench speed (0.8B, random weights)" | tee -a "$S"
+MODEL=/tmp/random-qwen3.5-0.8b
+python3 scripts/make_random_08b.py "$MODEL" --no-gguf >> "$OUT/setup.log" 2>&1 || echo "model write failed" | tee -a "$S"
+timeout 150 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' \
+  bench speed "$MODEL" -p "${PP:-520}" -n "${TG:-128}" -r "${REPS:-5}" --json > "$OUT/bench.json" 2>> "$OUT/setup.log"
+echo "bench rc=$?" | tee -a "$S"
 python3 -c 'import json,sys; from lucebox_cli.bench.report import render; print(render(json.load(open(sys.argv[1])), "md"))' \
-  "$OUT/bench.json" | tee "$OUT/bench.md"
+  "$OUT/bench.json" > "$OUT/bench.md" 2>> "$OUT/setup.log" && cat "$OUT/bench.md" | tee -a "$S"
+
+echo "== 27B quantized GEMV bandwidth" | tee -a "$S"
+timeout 90 python3 tests/gpu/test_quant_gemv.py --bench > "$OUT/quant_gemv.log" 2>&1
+tail -22 "$OUT/quant_gemv.log" | tee -a "$S"
+
+echo "== 27B DeltaNet / attention op timings" | tee -a "$S"
+timeout 90 python3 scripts/bench_gdn_attn.py --json "$OUT/gdn_attn.json" > "$OUT/gdn_attn.log" 2>&1
+tail -14 "$OUT/gdn_attn.log" | tee -a "$S"

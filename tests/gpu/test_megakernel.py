@@ -47,6 +47,9 @@ def rel_rms(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def engines(n_layers: int, **kw):
+    # These tests are about the decode kernel: its own one-token-per-step prefill is the reference
+    # (the tensor-core prefill has its tests in test_prefill.py).
+    kw.setdefault("prefill_mode", "decode")
     cfg, w = model(n_layers)
     return CPUEngine(cfg, w, max_context=MAX_CTX), mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX, **kw)
 

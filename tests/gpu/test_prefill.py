@@ -271,7 +271,7 @@ def test_decode_after_prefill_equals_decode_only_24_layers():
     cfg, w = model(24)
     prompt = np.random.default_rng(2).integers(0, cfg.vocab, 200)
     a = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX)
-    b = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX)
+    b = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX, prefill_mode="decode")
     pf = TensorCorePrefill(a)
     try:
         la = pf.run(prompt)[1]
