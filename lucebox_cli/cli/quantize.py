@@ -1,4 +1,5 @@
-"""`lucebox quantize SRC --type T`: HF Qwen3.5 checkpoint or GGUF → GGUF with llama.cpp's mixes."""
+"""`lucebox quantize SRC --type T`: HF Qwen3.5 checkpoint or GGUF → GGUF with llama.cpp's mixes;
+a z-lab DFlash draft folder → `dflash-qwen3` GGUF (the library picks the path from SRC)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ Examples:
   lucebox quantize qwen3.5-0.8b --type BF16 -o m.gguf      # a pulled alias, from the HF cache
   lucebox quantize m-F32.gguf --type Q8_0 --json           # GGUF → GGUF, per-tensor report
   lucebox quantize m-Q8_0.gguf --type Q4_K_M --allow-requantize
+  lucebox quantize ./Qwen3.5-27B-DFlash --type Q8_0        # a DFlash draft folder → dflash-qwen3 GGUF
 
 \b
 Types: F32 F16 BF16 Q8_0 Q6_K Q4_K Q5_K (one type for every matrix, llama.cpp --pure)
        Q4_K_M Q5_K_M (llama.cpp's mixes: Q6_K for the LM head and some attn_v/attn_qkv/ffn_down).
 Norms, ssm_conv1d, ssm_a and dt stay F32. Every tensor's bytes equal llama.cpp's quantizer output.
+DFlash drafts (config.json with dflash_config): F32 F16 BF16 Q8_0 Q4_K_M (docs/dflash-gguf.md).
 """
 
 TypeOpt = Annotated[str, typer.Option("--type", "-t", metavar="TYPE", help=f"Output type: {', '.join(TYPES)}.")]
@@ -46,7 +49,8 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace OUT if it exist
 
 def quantize(
     src: Annotated[
-        str, typer.Argument(metavar="SRC", help="HF checkpoint folder, .gguf file, or a pulled alias (qwen3.5-0.8b).")
+        str,
+        typer.Argument(metavar="SRC", help="HF folder (Qwen3.5 or DFlash draft), .gguf file, or a pulled alias."),
     ],
     qtype: TypeOpt = "Q4_K_M",
     output: OutOpt = None,

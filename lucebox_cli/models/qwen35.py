@@ -12,6 +12,8 @@ Public API:
     hf_to_internal(name, array, cfg)      HF tensor -> [(gguf_name, array)] or None (skipped)
     internal_to_hf(name, array, cfg)      the inverse, text-only HF names (tests, round trips)
     iter_hf_tensors(folder)               (hf_name, float32 array) one at a time, memory-frugal
+    HFCheckpoint(folder)                  tensors by HF name, unread: shape(), load(), rows(start, stop)
+    hf_passthrough(name, cfg)             whether hf_to_internal leaves a tensor's values and rows as they are
     read_hf_config(folder)                config.json as a dict
     load_hf_checkpoint(folder)            (cfg, {gguf_name: float32 array})
 """
@@ -282,6 +284,11 @@ def _reorder_heads(x: np.ndarray, axis: int, hk: int, r: int, head: int, *, to_t
     return np.ascontiguousarray(np.moveaxis(x, 0, axis))
 
 
+# The DeltaNet tensors whose value-head order _reorder_linear changes (when Hv != Hk).
+_REORDERED = ("attn_qkv.weight", "ssm_conv1d.weight", "attn_gate.weight", "ssm_beta.weight",
+              "ssm_alpha.weight", "ssm_a", "ssm_dt.bias", "ssm_out.weight")
+
+
 def _reorder_linear(gguf_suffix: str, x: np.ndarray, cfg: Qwen35Config, *, to_tiled: bool) -> np.ndarray:
     """Apply the value-head reorder to one DeltaNet tensor (identity when Hv == Hk)."""
     hk, r, dv = cfg.hk, cfg.value_per_key, cfg.dv
@@ -359,6 +366,25 @@ def hf_to_internal(name: str, array: np.ndarray, cfg: Qwen35Config) -> list[tupl
     return [(f"blk.{layer}.{gguf_suffix}", np.ascontiguousarray(x, dtype=np.float32))]
 
 
+def hf_passthrough(name: str, cfg: Qwen35Config) -> bool:
+    """True when hf_to_internal returns this HF tensor unchanged (same values, same row order), so
+    a converter may read it in row slabs; False for skipped tensors and for every fix-up above."""
+    if name == "lm_head.weight":
+        return not cfg.tied
+    stem = next((name[len(p):] for p in _TEXT_PREFIXES if name.startswith(p)), None)
+    if stem is None or name.startswith(_SKIPPED_PREFIXES):
+        return False
+    if stem == "embed_tokens.weight":
+        return True
+    parts = stem.split(".", 2)
+    if len(parts) != 3 or parts[0] != "layers" or parts[2] not in _LAYER_MAP:
+        return False
+    gguf_suffix, plus1 = _LAYER_MAP[parts[2]]
+    if plus1 or gguf_suffix in ("ssm_a", "ssm_conv1d.weight"):
+        return False
+    return cfg.value_per_key == 1 or gguf_suffix not in _REORDERED
+
+
 def internal_to_hf(name: str, array: np.ndarray, cfg: Qwen35Config) -> list[tuple[str, np.ndarray]]:
     """One internal tensor -> HF text-only (`model.layers…`) tensors; the exact inverse of hf_to_internal."""
     if name == "token_embd.weight":
@@ -429,36 +455,69 @@ def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, 8 + n
 
 
+class HFCheckpoint:
+    """The tensors of an HF safetensors folder by HF name, unread: headers are parsed once, shards
+    memory-mapped on first use, and only the tensor (or the slab of rows) asked for is materialised,
+    so a 54 GB checkpoint is read in the memory of one tensor, or of one slab of the embedding."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.files = _safetensors_files(self.folder)
+        self._where: dict[str, tuple[Path, dict[str, Any], int]] = {}
+        for path in self.files:
+            header, start = _safetensors_header(path)
+            for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+                self._where[name] = (path, info, start)
+        self._maps: dict[Path, np.ndarray] = {}
+
+    @property
+    def names(self) -> list[str]:
+        """Every tensor name, shard by shard, in storage order within a shard."""
+        return list(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(s) for s in self._where[name][1]["shape"])
+
+    def load(self, name: str) -> np.ndarray:
+        """The whole tensor: F32/F16/F64 as stored, BF16 widened to float32 by a bit shift (exact)."""
+        return self.rows(name, 0, None)
+
+    def rows(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start:stop) of the leading axis, decoded like `load`; only their bytes are read."""
+        path, info, data_start = self._where[name]
+        mm = self._maps.get(path)
+        if mm is None:
+            mm = self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
+        raw = _stored_view(path, name, info, mm, data_start)
+        if raw.ndim:
+            raw = raw[start:stop]
+        if info.get("dtype") == "BF16":
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        return np.array(raw)
+
+
 def iter_hf_tensors(folder: str | Path, *, dtype: Any = np.float32) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (hf_name, array) for every tensor of an HF checkpoint, one at a time, converted to `dtype`.
 
     Files are memory-mapped; only the tensor being yielded is materialised, so a 54 GB checkpoint
     streams in the memory of its largest tensor. BF16 is widened to float32 by a bit shift.
     """
-    for path in _safetensors_files(Path(folder)):
-        header, start = _safetensors_header(path)
-        size = path.stat().st_size
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
-        try:
-            for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-                yield name, _decode_tensor(path, name, info, mm, start, size).astype(dtype, copy=False)
-        finally:
-            del mm
+    ckpt = HFCheckpoint(folder)
+    for name in ckpt.names:
+        yield name, ckpt.load(name).astype(dtype, copy=False)
 
 
-def _decode_tensor(path: Path, name: str, info: dict, mm: np.ndarray, start: int, size: int) -> np.ndarray:
+def _stored_view(path: Path, name: str, info: dict, mm: np.ndarray, start: int) -> np.ndarray:
+    """The tensor's stored elements as a read-only view of the memory map (BF16 as uint16)."""
     st_dtype = info.get("dtype")
     if st_dtype not in _ST_DTYPES:
         raise UnsupportedModel(f"{path.name}: tensor {name} has dtype {st_dtype}; lucebox reads F32/F16/BF16")
     begin, end = (start + int(o) for o in info["data_offsets"])
     shape = tuple(int(s) for s in info["shape"])
     np_dtype = np.dtype(_ST_DTYPES[st_dtype])
-    if end > size or end - begin != math.prod(shape) * np_dtype.itemsize:
+    if end > mm.size or end - begin != math.prod(shape) * np_dtype.itemsize:
         raise BadModelFile(f"{path.name}: tensor {name} is truncated or its offsets disagree with its shape")
-    raw = mm[begin:end].view(np_dtype).reshape(shape)
-    if st_dtype == "BF16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
-    return np.array(raw)
+    return mm[begin:end].view(np_dtype).reshape(shape)
 
 
 def load_hf_checkpoint(folder: str | Path) -> tuple[Qwen35Config, dict[str, np.ndarray]]:

@@ -1,16 +1,22 @@
 """HF Qwen3.5 checkpoint → qwen35 GGUF, and GGUF → GGUF requantization, tensor by tensor.
 
 `quantize(src, out, qtype)` plans every tensor (name, type, shape) from headers alone, then streams:
-read one tensor, apply the checkpoint fix-ups (models/qwen35.py), quantize, write, drop it. Peak
-memory is about one tensor in float32 plus its packed bytes. The file is written to a temporary name
-and renamed at the end (gguf_io.write_gguf). Tensors are stored in llama.cpp's order (layer, then
-name), the order `llama_model_quantize` writes, so both tools lay out the same model the same way.
+read one tensor, apply the checkpoint fix-ups (models/qwen35.py), quantize, write, drop it. Tensors
+that the fix-ups leave as they are (the embedding and LM head, the FFN, most attention matrices) are
+read and packed SLAB_ROWS rows at a time, so the 27B embedding (5 GB in float32) never exists in
+float32: peak memory is one slab in float32 plus the tensor's packed bytes, or one fixed-up layer
+tensor. The file is written to a temporary name and renamed at the end (gguf_io.write_gguf).
+Tensors are stored in llama.cpp's order (layer, then name), the order `llama_model_quantize`
+writes, so both tools lay out the same model the same way.
+
+A z-lab DFlash draft folder (config.json with `dflash_config`) goes to convert_draft.py instead,
+and is reported the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import math
 import re
 import time
@@ -21,13 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from lucebox_cli.errors import BadModelFile, LuceboxError, ModelNotFound, UnsupportedModel
+from lucebox_cli.errors import BadModelFile, LuceboxError, ModelNotFound, UnsupportedModel, UsageError
+# The safetensors reader is qwen35's; tests/unit/test_quant_cli.py still reaches it by this name.
+from lucebox_cli.models.qwen35 import HFCheckpoint as _HFCheckpoint  # noqa: F401
 from lucebox_cli.quant.blocks import block_type, is_quantized
 from lucebox_cli.quant.mixes import FTYPES, check_ftype, choose_types, llama_order_key
 
 SUPPORTED_ARCHS = ("qwen35",)
 GGML_QUANT_VERSION = 2
+# Rows packed at a time: 4096 rows of the 27B embedding (hidden 5120) are 84 MB in float32.
+SLAB_ROWS = 4096
 ProgressFn = Callable[[int, int, str], None]
+RowsFn = Callable[[int, int], np.ndarray]
 
 
 def encode(x: np.ndarray, ggml_type: str) -> np.ndarray:
@@ -47,6 +58,24 @@ def encode(x: np.ndarray, ggml_type: str) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=np.float32)
     rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
     return kernels[ggml_type](rows).reshape(rows.shape[0], -1)
+
+
+def encode_rows(rows: RowsFn, shape: tuple[int, int], ggml_type: str, slab_rows: int | None = None) -> np.ndarray:
+    """A [n_rows, cols] tensor packed `slab_rows` (default SLAB_ROWS) rows at a time; `rows(start,
+    stop)` reads float rows.
+
+    Returns uint8 [n_rows, row_bytes], the same bytes as `encode` of the whole tensor: every block
+    format packs each row on its own, so only the float32 slab, not the tensor, is ever held.
+    """
+    from lucebox_cli.gguf_io import tensor_nbytes
+
+    n_rows, cols = shape
+    slab_rows = slab_rows or SLAB_ROWS
+    out = np.empty((n_rows, tensor_nbytes(ggml_type, (cols,))), dtype=np.uint8)
+    for start in range(0, n_rows, slab_rows):
+        stop = min(n_rows, start + slab_rows)
+        out[start:stop] = encode(rows(start, stop), ggml_type)
+    return out
 
 
 @dataclass(frozen=True)
@@ -97,71 +126,6 @@ class QuantReport:
 # ---- sources ----------------------------------------------------------------------------------
 
 
-class _HFCheckpoint:
-    """Random access to the tensors of an HF safetensors folder (headers parsed once, shards memmapped)."""
-
-    _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.files = self._shards(folder)
-        if not self.files:
-            raise ModelNotFound(f"{folder} has no .safetensors weights")
-        self.where: dict[str, tuple[Path, dict, int]] = {}
-        for path in self.files:
-            header, start = self._header(path)
-            for name, info in header.items():
-                self.where[name] = (path, info, start)
-        self._maps: dict[Path, np.memmap] = {}
-
-    @staticmethod
-    def _shards(folder: Path) -> list[Path]:
-        index = folder / "model.safetensors.index.json"
-        if not index.is_file():
-            return sorted(folder.glob("*.safetensors"))
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as err:
-            raise BadModelFile(f"{index} is not a safetensors index: {err}") from None
-        files = [folder / f for f in dict.fromkeys(weight_map.values())]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise BadModelFile(f"{folder} lacks shard(s) {', '.join(missing)} named by its index",
-                               hint="finish the download (lucebox pull …) and try again")
-        return files
-
-    @staticmethod
-    def _header(path: Path) -> tuple[dict, int]:
-        try:
-            with open(path, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                if not 2 <= n <= 100_000_000:
-                    raise ValueError("implausible header length")
-                header = json.loads(f.read(n))
-        except (OSError, ValueError) as err:
-            raise BadModelFile(f"{path} is not a safetensors file: {err}") from None
-        header.pop("__metadata__", None)
-        return header, 8 + n
-
-    def load(self, name: str) -> np.ndarray:
-        """The tensor as float32 (BF16 widened by a bit shift, exactly)."""
-        path, info, start = self.where[name]
-        dtype = self._DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise UnsupportedModel(f"{path.name}: tensor {name} has dtype {info.get('dtype')}; lucebox reads F32/F16/BF16")
-        mm = self._maps.get(path)
-        if mm is None:
-            mm = self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
-        begin, end = (start + int(o) for o in info["data_offsets"])
-        shape = tuple(int(s) for s in info["shape"])
-        if end > mm.size or end - begin != math.prod(shape) * np.dtype(dtype).itemsize:
-            raise BadModelFile(f"{path.name}: tensor {name} is truncated or its offsets disagree with its shape")
-        raw = mm[begin:end].view(dtype).reshape(shape)
-        if dtype is np.uint16:
-            return (raw.astype(np.uint32) << 16).view(np.float32)
-        return np.array(raw, dtype=np.float32)
-
-
 @dataclass
 class _Source:
     """What a conversion needs from its input, whatever its format."""
@@ -174,6 +138,7 @@ class _Source:
     load: Callable[[str], np.ndarray]  # internal name → float32 array (fix-ups applied)
     inputs: list[Path]  # files that must never be overwritten
     raw: Callable[[str], np.ndarray] | None = None  # stored bytes of a tensor (GGUF inputs)
+    rows: dict[str, RowsFn] = field(default_factory=dict)  # matrices that can be read in row slabs
 
 
 def _hf_source(folder: Path) -> _Source:
@@ -181,12 +146,12 @@ def _hf_source(folder: Path) -> _Source:
     from lucebox_cli.tokenizer import Tokenizer
 
     cfg = qwen35.Qwen35Config.from_hf_config(qwen35.read_hf_config(folder))
-    ckpt = _HFCheckpoint(folder)
+    ckpt = qwen35.HFCheckpoint(folder)
     # Names do not depend on the value-head reorder, so a config without it maps names on a dummy.
     name_cfg = dataclasses.replace(cfg, hv=cfg.hk, dv=cfg.dv)
     dummy = np.zeros((1, 1, 1), np.float32)
     hf_of: dict[str, str] = {}
-    for hf_name in ckpt.where:
+    for hf_name in ckpt.names:
         for internal, _ in qwen35.hf_to_internal(hf_name, dummy, name_cfg) or ():
             hf_of[internal] = hf_name
     if not cfg.tied and "output.weight" not in hf_of:
@@ -210,7 +175,23 @@ def _hf_source(folder: Path) -> _Source:
     meta = cfg.to_gguf_metadata()
     meta["general.name"] = folder.name
     meta.update(Tokenizer.from_hf_folder(folder).to_gguf_metadata(vocab_size=cfg.vocab))
-    return _Source(qwen35.ARCH, meta, cfg.n_layers, shapes, {n: "F32" for n in shapes}, load, list(ckpt.files))
+    return _Source(qwen35.ARCH, meta, cfg.n_layers, shapes, {n: "F32" for n in shapes}, load, list(ckpt.files),
+                   rows=_hf_row_readers(ckpt, cfg, hf_of, shapes))
+
+
+def _hf_row_readers(ckpt, cfg, hf_of: dict[str, str], shapes: dict[str, tuple[int, ...]]) -> dict[str, RowsFn]:
+    """Row-slab readers for the matrices the fix-ups pass through unchanged (models/qwen35.py says which)."""
+    from lucebox_cli.models import qwen35
+
+    readers: dict[str, RowsFn] = {}
+    for name, hf_name in hf_of.items():
+        if name not in shapes or len(shapes[name]) != 2 or not qwen35.hf_passthrough(hf_name, cfg):
+            continue
+        if ckpt.shape(hf_name) != shapes[name]:
+            raise BadModelFile(f"{ckpt.folder}: tensor {hf_name} has shape {list(ckpt.shape(hf_name))}, "
+                               f"expected {list(shapes[name])}")
+        readers[name] = functools.partial(ckpt.rows, hf_name)
+    return readers
 
 
 def _gguf_source(path: Path) -> _Source:
@@ -225,7 +206,13 @@ def _gguf_source(path: Path) -> _Source:
     shapes = {n: model.tensor_info(n).shape for n in model.tensor_names}
     in_types = {n: model.tensor_info(n).ggml_type for n in model.tensor_names}
     meta = {k: v for k, v in model.metadata.items() if not k.startswith("GGUF.")}
-    return _Source(arch, meta, n_layers, shapes, in_types, model.dequant, [path], model.raw)
+    # F32 tensors dequantize to a view of the memory map: slicing rows of it reads only those rows.
+    rows = {n: _rows_of_view(model.dequant, n) for n, t in in_types.items() if t == "F32" and len(shapes[n]) == 2}
+    return _Source(arch, meta, n_layers, shapes, in_types, model.dequant, [path], model.raw, rows)
+
+
+def _rows_of_view(view: Callable[[str], np.ndarray], name: str) -> RowsFn:
+    return lambda start, stop: view(name)[start:stop]
 
 
 def _open_source(src: Path) -> _Source:
@@ -276,6 +263,8 @@ def _packed(source: _Source, name: str, ggml_type: str) -> np.ndarray:
     """The tensor's bytes in `ggml_type`; a tensor already of that type is copied as is (as llama.cpp does)."""
     if source.raw is not None and source.in_types[name] == ggml_type:
         return np.array(source.raw(name), dtype=np.uint8)
+    if name in source.rows:
+        return encode_rows(source.rows[name], source.shapes[name], ggml_type)
     return encode(source.load(name), ggml_type)
 
 
@@ -288,16 +277,20 @@ def quantize(
     *,
     overwrite: bool = False,
 ) -> QuantReport:
-    """Convert an HF Qwen3.5 folder or a qwen35 GGUF into a GGUF of file type `qtype`.
+    """Convert an HF Qwen3.5 folder or a qwen35 GGUF into a GGUF of file type `qtype`; a z-lab
+    DFlash draft folder into a `dflash-qwen3` GGUF (types convert_draft.QTYPES).
 
     `out` None means `default_output(src, qtype)`. An existing `out` is replaced only with
     `overwrite`; the input itself never is. `progress(done_bytes, total_bytes, tensor_name)` is
     called after each tensor is written.
     """
     from lucebox_cli.gguf_io import QuantTensor, TensorPlan, TensorStream, write_gguf
+    from lucebox_cli.models.dflash_draft import is_dflash_folder
 
-    qtype = check_ftype(qtype)
     src = Path(src)
+    if is_dflash_folder(src):
+        return _quantize_draft(src, out, qtype, progress, overwrite)
+    qtype = check_ftype(qtype)
     out = Path(out) if out is not None else default_output(src, qtype)
     t0 = time.perf_counter()
     source = _open_source(src)
@@ -324,4 +317,35 @@ def quantize(
     write_gguf(out, source.arch, meta, TensorStream(plan, data()), progress=progress,
                inputs=source.inputs, overwrite=overwrite)
     report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _quantize_draft(src: Path, out: str | Path | None, qtype: str, progress: ProgressFn | None,
+                    overwrite: bool) -> QuantReport:
+    """convert_draft, reported like a target conversion. A tensor's seconds run from the previous
+    tensor's write to its own (read, encode and write; convert_draft times nothing itself)."""
+    from lucebox_cli.quant.convert_draft import QTYPES, convert_draft
+
+    name = qtype.upper()
+    if name not in QTYPES:
+        raise UsageError(f"{src} is a DFlash draft: it converts to {', '.join(QTYPES)}, not {qtype}",
+                         hint="pick one of those with --type")
+    out = Path(out) if out is not None else default_output(src, name)
+    seconds: dict[str, float] = {}
+    last = [time.perf_counter()]
+
+    def timed(done: int, total: int, tensor: str) -> None:
+        now = time.perf_counter()
+        seconds[tensor], last[0] = now - last[0], now
+        if progress is not None:
+            progress(done, total, tensor)
+
+    t0 = time.perf_counter()
+    result = convert_draft(src, out, name, timed, overwrite=overwrite)
+    report = QuantReport(str(src), str(result.path), name, seconds=time.perf_counter() - t0)
+    report.tensors = [
+        TensorReport(p.name, p.ggml_type, p.shape, p.nbytes, 8.0 * p.nbytes / max(1, math.prod(p.shape)),
+                     seconds.get(p.name, 0.0))
+        for p in result.tensors
+    ]
     return report
