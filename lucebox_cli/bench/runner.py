@@ -121,15 +121,19 @@ def speed_rows(model: Any, engine: Any, *, profile: Any, n_prompt: int, n_gen: i
     for test, once, ctx in tests:
         rates, tok_j = repeat(once, reps=reps, warmup=warmup, need_energy=meter is not None)
         st = summarize(rates)
-        gbps = st["mean"] * bytes_per_token(cfg, weight_bytes, ctx) / 1e9
+        # Decode is bandwidth-bound: GB/s against the card's bandwidth. Prefill reads the weights once
+        # for all its tokens and is compute-bound: it reports TFLOP/s (2 FLOPs per weight per token) instead.
+        is_pp = test.startswith("pp")
+        gbps = None if is_pp else st["mean"] * bytes_per_token(cfg, weight_bytes, ctx) / 1e9
+        tflops = 2.0 * params * st["mean"] / 1e12 if is_pp else None
         row = dict(base or {})
         row.update({
             "engine": engine.name, "test": test, "tok_s": st["mean"], "sd": st["sd"], "median": st["median"],
             "samples": rates, "reps": reps, "warmup": warmup, "params_m": params / 1e6,
-            "size_gib": weight_bytes / 2**30, "gbps": gbps,
-            "pct_bw": 100.0 * gbps / hw.bandwidth_gbps if hw else None,
+            "size_gib": weight_bytes / 2**30, "gbps": gbps, "tflops": tflops,
+            "pct_bw": 100.0 * gbps / hw.bandwidth_gbps if hw and gbps is not None else None,
             "pct_bw_measured": (100.0 * gbps / hw.bandwidth_measured_gbps
-                                if hw and getattr(hw, "bandwidth_measured_gbps", None) else None),
+                                if hw and gbps is not None and getattr(hw, "bandwidth_measured_gbps", None) else None),
             "tok_per_j": tok_j,
         })
         rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
