@@ -29,11 +29,13 @@ else
   make build PROFILE="$PROFILE" PY=python3 -j"$(nproc)" >> "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
 fi
 
-echo "== gpu tests" | tee -a "$S"
-timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE ${PYTEST_ARGS:-} \
-  > "$OUT/gpu_tests.log" 2>&1
-echo "pytest rc=$?" | tee -a "$S"
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -30 | tee -a "$S"
+if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: benches only (when only bench code changed)
+  echo "== gpu tests" | tee -a "$S"
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE ${PYTEST_ARGS:-} \
+    > "$OUT/gpu_tests.log" 2>&1
+  echo "pytest rc=$?" | tee -a "$S"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -30 | tee -a "$S"
+fi
 
 echo "== bench speed (0.8B, random weights)" | tee -a "$S"
 MODEL=/tmp/random-qwen3.5-0.8b
