@@ -28,8 +28,6 @@ from typing import Any
 import numpy as np
 
 from lucebox_cli.errors import BadModelFile, LuceboxError, ModelNotFound, UnsupportedModel, UsageError
-# The safetensors reader is qwen35's; tests/unit/test_quant_cli.py still reaches it by this name.
-from lucebox_cli.models.qwen35 import HFCheckpoint as _HFCheckpoint  # noqa: F401
 from lucebox_cli.quant.blocks import block_type, is_quantized
 from lucebox_cli.quant.mixes import FTYPES, check_ftype, choose_types, llama_order_key
 

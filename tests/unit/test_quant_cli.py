@@ -88,7 +88,8 @@ def test_missing_tensor_and_foreign_architecture(checkpoint, tmp_path):
 
 
 def test_vlm_bf16_checkpoint_converts_like_the_text_one(tmp_path):
-    from lucebox_cli.quant.convert import _HFCheckpoint, quantize
+    from lucebox_cli.models.qwen35 import HFCheckpoint
+    from lucebox_cli.quant.convert import quantize
 
     names = {}
     for vlm in (False, True):
@@ -102,6 +103,6 @@ def test_vlm_bf16_checkpoint_converts_like_the_text_one(tmp_path):
             assert m.tensor_info("blk.0.ffn_up.weight").ggml_type == "BF16"
             stored = m.raw("blk.0.ffn_up.weight").view(np.uint16)
         prefix = "model.language_model." if vlm else "model."
-        source = _HFCheckpoint(folder).load(prefix + "layers.0.mlp.up_proj.weight")
+        source = HFCheckpoint(folder).load(prefix + "layers.0.mlp.up_proj.weight")
         assert np.array_equal(stored, (source.view(np.uint32) >> 16).astype(np.uint16).ravel())
     assert names[True] == names[False]
