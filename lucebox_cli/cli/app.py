@@ -22,6 +22,11 @@ Examples:
   lucebox doctor                          # what this machine has: GPU, profile, engines, cache
   lucebox pull qwen3.5-27b                # GGUF target + DFlash draft into the HF cache
   lucebox pull qwen3.5-0.8b --dry-run     # list files and sizes, download nothing
+  lucebox run qwen3.5-0.8b --prompt "Hi"  # generate (GPU megakernel if built, else CPU engine)
+  lucebox run M --draft replay:0.1 --spec ddtree --budget 22 --json
+  lucebox quantize ./Qwen3.5-0.8B --type Q4_K_M -o q4.gguf
+  lucebox bench speed qwen3.5-0.8b -p 520 -n 128 -r 5
+  lucebox bench humaneval --model M --draft D --n-prompts 10 --md
   lucebox profiles --json                 # hardware profiles as JSON
   lucebox build --profile rtx3090-sm86    # compile the CUDA engines for a card
 
