@@ -354,6 +354,19 @@ LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n, float* log
  * DFlash (cuda/dflash/*.cu): 27B target prefill / verify / commit, draft forward.
  * ================================================================================================ */
 
+/* ---- 27B target engine helpers (cuda/dflash/df_small.cu), used by engines/dflash.py ---------------
+ * fp32 device pointers unless stated; launches return at once on `stream`. */
+/* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w for t rows of n (w holds RMSNorm1p's +1). */
+LB_API int lb_df_rmsnorm(const void* x, const void* w, void* y, int t, int n, float eps, void* stream);
+/* y[i] = SiLU(g[i]) * u[i], i < count. */
+LB_API int lb_df_swiglu(const void* g, const void* u, void* y, uint64_t count, void* stream);
+/* Stream-ordered device-to-device copy of nbytes. */
+LB_API int lb_df_copy(void* dst, const void* src, uint64_t nbytes, void* stream);
+/* Commit of a verify's K or V rows: cache [heads, max_ctx, row] of 16-bit words, row n_past + j <-
+ * row n_past + path[j] for j = 0..n-1 in order (path: device int32, the accepted slots, root first). */
+LB_API int lb_df_kv_compact(void* cache, const void* path, int n, int n_past, int heads, int max_ctx, int row,
+                            void* stream);
+
 #ifdef __cplusplus
 }
 #endif
