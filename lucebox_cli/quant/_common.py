@@ -25,6 +25,15 @@ def as_rows(x: np.ndarray, block: int) -> np.ndarray:
     return x
 
 
+def quantize_rows(kernel, x: np.ndarray, block: int, block_bytes: int, *args) -> np.ndarray:
+    """float32 [rows, cols] → uint8 [rows, cols/block*block_bytes] through a row kernel
+    kernel(x, out, *args) that packs every block."""
+    x = as_rows(x, block)
+    out = np.empty((x.shape[0], x.shape[1] // block * block_bytes), dtype=np.uint8)
+    kernel(x, out, *args)
+    return out
+
+
 TWO31 = np.float32(2147483648.0)
 
 

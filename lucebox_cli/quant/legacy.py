@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from lucebox_cli.quant._common import as_rows, cvtt, store_fp16, to_int8
+from lucebox_cli.quant._common import cvtt, quantize_rows, store_fp16, to_int8
 
 QK = 32
 F0 = np.float32(0.0)
@@ -114,10 +114,7 @@ def _rows(x, out, kind, nbytes):
 
 
 def _quantize(x: np.ndarray, kind: int, nbytes: int) -> np.ndarray:
-    x = as_rows(x, QK)
-    out = np.empty((x.shape[0], x.shape[1] // QK * nbytes), dtype=np.uint8)
-    _rows(x, out, kind, nbytes)
-    return out
+    return quantize_rows(_rows, x, QK, nbytes, kind, nbytes)
 
 
 def quantize_q4_0(x: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from lucebox_cli.quant._common import as_rows, store_fp16
+from lucebox_cli.quant._common import quantize_rows, store_fp16
 from lucebox_cli.quant.floats import fp16_round, nearest_int
 
 QK_K = 256
@@ -161,15 +161,31 @@ def requantize(x, o, nmax, d, dmin, out, p_scales, L):
             L[32 * j + ii] = max(0, min(nmax, l))
 
 
+@njit(cache=True, inline="always")
+def k_scratch():
+    """A row's work buffers for fit_block: (L, laux, weights, scales, mins)."""
+    return (np.zeros(QK_K, dtype=np.int64), np.zeros(32, dtype=np.int64), np.zeros(32, dtype=np.float32),
+            np.zeros(8, dtype=np.float32), np.zeros(8, dtype=np.float32))
+
+
 @njit(cache=True, inline="always", error_model="numpy")
-def _block(x, o, out, p, L, scales, mins, weights, laux):
-    max_scale, max_min = subblock_fits(x, o, 15, np.float32(-1.0), np.float32(0.1), 20, L, scales, mins, weights, laux)
+def fit_block(x, o, out, p, nmax, rmin, rdelta, nstep, work):
+    """Fit the super-block at x[o:] (Q4_K and Q5_K alike): fp16 d, dmin and the 6-bit scales go to
+    out[p:p+16]; returns L, the quants re-fitted to those rounded factors."""
+    L, laux, weights, scales, mins = work
+    max_scale, max_min = subblock_fits(x, o, nmax, rmin, rdelta, nstep, L, scales, mins, weights, laux)
     pack_scales(scales, mins, max_scale, max_min, out, p + 4)
     store_fp16(out, p, np.float32(max_scale / F63))
     store_fp16(out, p + 2, np.float32(max_min / F63))
     d = fp16_round(np.float32(max_scale / F63))
     dmin = fp16_round(np.float32(max_min / F63))
-    requantize(x, o, 15, d, dmin, out, p + 4, L)
+    requantize(x, o, nmax, d, dmin, out, p + 4, L)
+    return L
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _block(x, o, out, p, work):
+    L = fit_block(x, o, out, p, 15, np.float32(-1.0), np.float32(0.1), 20, work)
     q = p + 16
     for j in range(0, QK_K, 64):
         for l in range(32):
@@ -179,22 +195,12 @@ def _block(x, o, out, p, L, scales, mins, weights, laux):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _q4_k_rows(x, out):
-    nb = x.shape[1] // QK_K
     for r in prange(x.shape[0]):
-        L = np.zeros(QK_K, dtype=np.int64)
-        laux = np.zeros(32, dtype=np.int64)
-        weights = np.zeros(32, dtype=np.float32)
-        scales = np.zeros(8, dtype=np.float32)
-        mins = np.zeros(8, dtype=np.float32)
-        xr = x[r]
-        orow = out[r]
-        for i in range(nb):
-            _block(xr, i * QK_K, orow, i * BLOCK_BYTES, L, scales, mins, weights, laux)
+        work = k_scratch()
+        for i in range(x.shape[1] // QK_K):
+            _block(x[r], i * QK_K, out[r], i * BLOCK_BYTES, work)
 
 
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     """float32 [rows, cols] → uint8 [rows, cols/256*144]."""
-    x = as_rows(x, QK_K)
-    out = np.empty((x.shape[0], x.shape[1] // QK_K * BLOCK_BYTES), dtype=np.uint8)
-    _q4_k_rows(x, out)
-    return out
+    return quantize_rows(_q4_k_rows, x, QK_K, BLOCK_BYTES)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from lucebox_cli.quant._common import as_rows, store_fp16, to_int8
+from lucebox_cli.quant._common import quantize_rows, store_fp16, to_int8
 from lucebox_cli.quant.floats import fp16_round, nearest_int
 
 QK_K = 256
@@ -131,7 +131,4 @@ def _q6_k_rows(x, out):
 
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     """float32 [rows, cols] → uint8 [rows, cols/256*210]."""
-    x = as_rows(x, QK_K)
-    out = np.empty((x.shape[0], x.shape[1] // QK_K * BLOCK_BYTES), dtype=np.uint8)
-    _q6_k_rows(x, out)
-    return out
+    return quantize_rows(_q6_k_rows, x, QK_K, BLOCK_BYTES)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from lucebox_cli.quant._common import as_rows, roundf, store_fp16, to_int8
+from lucebox_cli.quant._common import quantize_rows, roundf, store_fp16, to_int8
 
 QK8_0 = 32
 BLOCK_BYTES = 34
@@ -40,7 +40,4 @@ def _q8_0_rows(x, out):
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     """float32 [rows, cols] → uint8 [rows, cols/32*34]."""
-    x = as_rows(x, QK8_0)
-    out = np.empty((x.shape[0], x.shape[1] // QK8_0 * BLOCK_BYTES), dtype=np.uint8)
-    _q8_0_rows(x, out)
-    return out
+    return quantize_rows(_q8_0_rows, x, QK8_0, BLOCK_BYTES)
