@@ -38,6 +38,21 @@ _TOKENIZER_FILES = (
 _GGUF_FILES = ("{stem}-{quant}.gguf", "{quant}/{stem}-{quant}-*-of-*.gguf")
 _GGUF_FILES_ANY_STEM = ("*-{quant}.gguf", "{quant}/*-{quant}-*-of-*.gguf")
 
+
+def _gguf_with_draft(version: str) -> dict[str, Any]:
+    """Qwen{version} 27B: Unsloth's GGUF target and z-lab's matching DFlash draft."""
+    return {
+        "format": "gguf",
+        "description": f"Qwen{version} 27B GGUF target + DFlash draft (DDTree speculative decoding)",
+        "default_quant": DEFAULT_QUANT,
+        "stem": f"Qwen{version}-27B",
+        "repos": [
+            {"role": "target", "repo": f"unsloth/Qwen{version}-27B-GGUF", "files": _GGUF_FILES},
+            {"role": "draft", "repo": f"z-lab/Qwen{version}-27B-DFlash", "files": _SAFETENSORS_FILES},
+        ],
+    }
+
+
 # The registry. `files` patterns may use {quant} and {stem}; a GGUF entry names its default quant.
 ALIASES: dict[str, dict[str, Any]] = {
     "qwen3.5-0.8b": {
@@ -48,26 +63,8 @@ ALIASES: dict[str, dict[str, Any]] = {
             {"role": "tokenizer", "repo": "Qwen/Qwen3.5-0.8B", "files": _TOKENIZER_FILES},
         ],
     },
-    "qwen3.5-27b": {
-        "format": "gguf",
-        "description": "Qwen3.5 27B GGUF target + DFlash draft (DDTree speculative decoding)",
-        "default_quant": DEFAULT_QUANT,
-        "stem": "Qwen3.5-27B",
-        "repos": [
-            {"role": "target", "repo": "unsloth/Qwen3.5-27B-GGUF", "files": _GGUF_FILES},
-            {"role": "draft", "repo": "z-lab/Qwen3.5-27B-DFlash", "files": _SAFETENSORS_FILES},
-        ],
-    },
-    "qwen3.6-27b": {
-        "format": "gguf",
-        "description": "Qwen3.6 27B GGUF target + DFlash draft (DDTree speculative decoding)",
-        "default_quant": DEFAULT_QUANT,
-        "stem": "Qwen3.6-27B",
-        "repos": [
-            {"role": "target", "repo": "unsloth/Qwen3.6-27B-GGUF", "files": _GGUF_FILES},
-            {"role": "draft", "repo": "z-lab/Qwen3.6-27B-DFlash", "files": _SAFETENSORS_FILES},
-        ],
-    },
+    "qwen3.5-27b": _gguf_with_draft("3.5"),
+    "qwen3.6-27b": _gguf_with_draft("3.6"),
 }
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
