@@ -159,30 +159,59 @@ def attn_partials(tq: int, n_heads: int, max_splits: int) -> int:
     return max_splits * tq * n_heads * (HEAD_DIM + 2) * 4 if max_splits > 1 else 0
 
 
-def target_buffers(cfg: Qwen35Config, *, context: int, budget: int) -> dict[str, int]:
-    """{buffer name: bytes} of everything the target engine allocates besides weights."""
+@dataclass(frozen=True)
+class Buffer:
+    """One device buffer of the target engine: plan category, name, bytes (256-aligned), and whether
+    it is scratch (poisoned by tests; holds nothing between calls) or state."""
+
+    category: str
+    name: str
+    nbytes: int
+    scratch: bool
+
+
+def buffer_list(cfg: Qwen35Config, *, context: int, budget: int) -> list[Buffer]:
+    """Every buffer the target engine allocates besides weights, in carving order."""
     slots = budget + 1
     if not 1 <= slots <= CHUNK:
         raise UsageError(f"tree budget {budget} outside 0..{CHUNK - 1} (one verify takes at most {CHUNK} slots)")
-    n_attn = sum(cfg.is_attention(i) for i in range(cfg.n_layers))
-    n_gdn = cfg.n_layers - n_attn
-    c, vd = cfg.conv_channels, cfg.hv * cfg.dv
-    rows = CHUNK
-    tree_per_layer = slots * (c + cfg.hk * cfg.dk + vd + 2 * cfg.hv) * 4
-    return {
-        "kv_cache": n_attn * 2 * _al(cfg.n_kv_heads * context * cfg.head_dim * 2),
-        "deltanet_state": n_gdn * _al(cfg.hv * cfg.dk * cfg.dv * 4),
-        "conv_state": n_gdn * _al((cfg.conv_kernel - 1) * c * 4),
-        "activations": 2 * _al(rows * cfg.hidden * 4) + _al(rows * _proj_width(cfg) * 4)
-        + _al(rows * _act_width(cfg) * 4) + _al(rows * cfg.n_heads * cfg.head_dim * 4),
-        "gdn_scratch": _al(gdn_prefill_scratch(rows, cfg.hk, cfg.hv)),
-        "tree_inputs": n_gdn * _al(tree_per_layer) + _al(slots * (cfg.hk * cfg.dk + vd) * 4),
-        "tree_saves": _al(max(slots - 1, 1) * cfg.hv * cfg.dk * cfg.dv * 4),
-        "attn_partials": _al(max(attn_partials(1, cfg.n_heads, ATTN_SPLITS_ONE),
-                                 attn_partials(rows, cfg.n_heads, ATTN_SPLITS_MANY))),
-        "logits": _al(rows * cfg.vocab * 4),
-        "tree_index": 4 * _al(CHUNK * 8),
-    }
+    c, vd, kd, rows = cfg.conv_channels, cfg.hv * cfg.dv, cfg.hk * cfg.dk, CHUNK
+    out: list[Buffer] = []
+
+    def add(cat: str, name: str, nbytes: int, scratch: bool) -> None:
+        out.append(Buffer(cat, name, _al(nbytes), scratch))
+
+    for i in range(cfg.n_layers):
+        if cfg.is_attention(i):
+            for kv in ("k", "v"):
+                add("kv_cache", f"{kv}_cache.{i}", cfg.n_kv_heads * context * cfg.head_dim * 2, False)
+        else:
+            add("deltanet_state", f"state.{i}", cfg.hv * cfg.dk * cfg.dv * 4, False)
+            add("conv_state", f"conv.{i}", (cfg.conv_kernel - 1) * c * 4, False)
+            # a verify's per-slot inputs, read by commit: state, not scratch
+            for name, width in (("pre", c), ("k", kd), ("v", vd), ("g", cfg.hv), ("beta", cfg.hv)):
+                add("tree_inputs", f"tree_{name}.{i}", slots * width * 4, False)
+    for name, width in (("x", cfg.hidden), ("h", cfg.hidden), ("proj", _proj_width(cfg)), ("act", _act_width(cfg)),
+                        ("qf", cfg.n_heads * cfg.head_dim)):
+        add("activations", name, rows * width * 4, True)
+    add("gdn_scratch", "gdn_scratch", gdn_prefill_scratch(rows, cfg.hk, cfg.hv), True)
+    add("tree_inputs", "tree_q", slots * kd * 4, True)
+    add("tree_inputs", "tree_o", slots * vd * 4, True)
+    add("tree_saves", "saves", max(slots - 1, 1) * cfg.hv * cfg.dk * cfg.dv * 4, True)
+    add("attn_partials", "partials", max(attn_partials(1, cfg.n_heads, ATTN_SPLITS_ONE),
+                                         attn_partials(rows, cfg.n_heads, ATTN_SPLITS_MANY), 4), True)
+    add("logits", "logits", rows * cfg.vocab * 4, True)
+    for name in ("parents", "positions", "masks", "path"):
+        add("tree_index", name, CHUNK * 8, False)
+    return out
+
+
+def target_buffers(cfg: Qwen35Config, *, context: int, budget: int) -> dict[str, int]:
+    """{plan category: bytes} of everything the target engine allocates besides weights."""
+    out: dict[str, int] = {}
+    for b in buffer_list(cfg, context=context, budget=budget):
+        out[b.category] = out.get(b.category, 0) + b.nbytes
+    return out
 
 
 # ---- the plan ----
@@ -239,7 +268,7 @@ def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, b
     host_note = "" if cfg.tied else "token_embd stays on the host (rows dequantized per call)"
     items = [
         PlanItem("target weights", weight_bytes(cfg, sizes), host_note),
-        PlanItem("kv cache", buf["kv_cache"], f"f16, {n_attn} layers x {buf['kv_cache'] // max(context, 1)} B/token"),
+        PlanItem("kv cache", buf["kv_cache"], f"f16, {n_attn} layers"),
         PlanItem("deltanet state", buf["deltanet_state"], "fp32 recurrent states"),
         PlanItem("conv state", buf["conv_state"], "last 3 pre-conv inputs"),
         PlanItem("activations", buf["activations"], f"{CHUNK} rows"),

@@ -1,0 +1,320 @@
+"""The Qwen3.5/3.6-27B target engine on the GPU (Q4_K_M and friends), through the C ABI.
+
+    eng = DFlashTargetEngine("model.gguf", max_context=16384, budget=22, tap_layers=(1, 16, 31, 46, 61))
+    logits = eng.prefill(ids); logits = eng.step(tok)
+    res = eng.verify(tree); eng.commit(path)
+
+The memory plan (engines/memory_plan.py) is checked against the card before anything is allocated.
+Weights are uploaded tensor by tensor from the memory-mapped GGUF into one arena (Q6_K / Q8_0 repacked
+on the host, engines/dflash_upload.py); the embedding of an untied model stays on the host. The layer
+sequence is engines/dflash_layers.py. Everything runs on the legacy default stream, so the blocking
+lb_dev_* copies order themselves after the kernels.
+
+What is not built yet, said rather than hidden: prefill runs in chunks of 64 rows through the small-N
+quantized GEMM (the tensor-core GEMM for quantized weights does not exist yet), logits come back to
+the host for every row that needs them, captured tap features are kept on the host (`features`,
+`last_verify_features`, as engines/cpu.py keeps them), and there are no CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from lucebox_cli.engines import memory_plan as mp
+from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult
+from lucebox_cli.engines.dflash_layers import AttnLayer, Buffers, GdnLayer, Layers, Mat, Pass
+from lucebox_cli.engines.dflash_upload import EmbeddingRows, arena_bytes, iter_device_tensors, upload_plan
+from lucebox_cli.engines.gdn_tree_plan import save_plan
+from lucebox_cli.errors import EngineUnavailable, LuceboxError, UsageError
+
+CHUNK = mp.CHUNK
+F32 = 4
+
+
+def open_gpu(profile: Optional[str] = None) -> tuple[Any, Any]:
+    """(lib, profile) for GPU 0, or EngineUnavailable saying why not."""
+    from lucebox_cli.config import resolve_profile
+    from lucebox_cli.engines import _lib
+
+    probe = _lib.probe_gpus()
+    if not probe.gpus:
+        raise EngineUnavailable(f"the CUDA 27B engine needs an NVIDIA GPU: {probe.reason or 'none found'}",
+                                hint="use --engine cpu on this machine")
+    prof = resolve_profile(profile, probe.gpus)
+    return _lib.load(prof), prof
+
+
+class _Arena:
+    """One device allocation handed out in 256-byte aligned pieces."""
+
+    def __init__(self, lib: Any, nbytes: int):
+        self.lib, self.nbytes, self.used = lib, max(int(nbytes), 256), 0
+        ptr = ctypes.c_void_p()
+        lib.call("lb_dev_alloc", self.nbytes, ctypes.byref(ptr))
+        self.base = int(ptr.value)
+
+    def take(self, nbytes: int) -> int:
+        at = self.base + self.used
+        self.used += (int(nbytes) + 255) // 256 * 256
+        if self.used > self.nbytes:
+            raise LuceboxError(f"internal: arena overflow ({self.used} > {self.nbytes} bytes)")
+        return at
+
+    def free(self) -> None:
+        if self.base:
+            self.lib.call("lb_dev_free", self.base)
+            self.base = 0
+
+
+class DFlashTargetEngine:
+    """Engine protocol (engines/base.py) for qwen35 GGUFs whose shapes the 27B ops take."""
+
+    name = "cuda"
+
+    def __init__(self, gguf_path: str | Path, *, profile: Optional[str] = None, max_context: int = 4096,
+                 budget: int = 22, tap_layers: Sequence[int] = (), lib: Any = None, prof: Any = None,
+                 card_bytes: Optional[int] = None):
+        from lucebox_cli.gguf_io import GGUFModel
+        from lucebox_cli.models.qwen35_gguf import read_model_config
+
+        self.model = GGUFModel(gguf_path)
+        self.cfg = cfg = read_model_config(self.model)
+        self.tap_layers = tuple(int(t) for t in tap_layers)
+        if any(not 0 <= t < cfg.n_layers for t in self.tap_layers):
+            raise UsageError(f"tap layers {list(self.tap_layers)} outside 0..{cfg.n_layers - 1}")
+        self.max_context, self.budget = int(max_context), int(budget)
+        entries = upload_plan(self.model, cfg)  # refuses unsupported shapes / types before any GPU work
+        self.plan = mp.plan(cfg, self.model, context=self.max_context, budget=self.budget)
+        if lib is None:
+            lib, prof = open_gpu(profile)
+        self.lib, self.profile = lib, prof
+        card = card_bytes if card_bytes is not None else int(lib.device_props(0)["total_mem_bytes"])
+        mp.fit(self.plan, card, getattr(prof, "name", "") or f"{card / 1e9:.0f} GB")
+        self.stats = EngineStats()
+        self._arenas: list[_Arena] = []
+        try:
+            mats, vecs = self._upload(entries)
+            self._bufs = self._carve()
+            self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context)
+        except BaseException:
+            self.close()
+            raise
+        self._embed = EmbeddingRows(self.model, cfg)
+        self.info = {"weight_bytes": arena_bytes(entries), "plan_bytes": self.plan.total, "budget": self.budget,
+                     "max_context": self.max_context}
+        self.last_verify_ms: Optional[float] = None
+        self.reset()
+
+    # -- setup --
+
+    def _upload(self, entries) -> tuple[dict[str, Mat], dict[str, int]]:
+        arena = _Arena(self.lib, arena_bytes(entries))
+        self._arenas.append(arena)
+        mats, vecs = {}, {}
+        for e, data in iter_device_tensors(self.model, entries):
+            ptr = arena.take(e.nbytes)
+            assert ptr == arena.base + e.offset
+            self.lib.call("lb_dev_h2d", ptr, data.ctypes.data, data.nbytes)
+            if e.qtype:
+                mats[e.name] = Mat(ptr, e.qtype, e.shape[0], e.shape[1])
+            else:
+                vecs[e.name] = ptr
+        return mats, vecs
+
+    def _carve(self) -> Buffers:
+        cfg = self.cfg
+        blist = mp.buffer_list(cfg, context=self.max_context, budget=self.budget)
+        self._check_scratch_sizes(blist)
+        arena = _Arena(self.lib, sum(b.nbytes for b in blist))
+        self._arenas.append(arena)
+        ptr = {b.name: arena.take(b.nbytes) for b in blist}
+        self._scratch = [(ptr[b.name], b.nbytes) for b in blist if b.scratch]
+        self._state = [(ptr[b.name], b.nbytes) for b in blist if b.category in ("deltanet_state", "conv_state")]
+        bufs = Buffers(**{k: ptr[k] for k in ("x", "h", "proj", "act", "qf", "gdn_scratch", "tree_q", "tree_o",
+                                              "saves", "partials", "logits", "parents", "positions", "masks", "path")})
+        for i in range(cfg.n_layers):
+            if cfg.is_attention(i):
+                bufs.attn[i] = AttnLayer(ptr[f"k_cache.{i}"], ptr[f"v_cache.{i}"])
+            else:
+                bufs.gdn[i] = GdnLayer(ptr[f"state.{i}"], ptr[f"conv.{i}"], *(ptr[f"tree_{n}.{i}"] for n in
+                                                                              ("pre", "k", "v", "g", "beta")))
+        return bufs
+
+    def _check_scratch_sizes(self, blist) -> None:
+        """The plan's copies of the ops' scratch formulas must cover what the library asks for."""
+        fn = getattr(self.lib, "fn", None)
+        if fn is None or not hasattr(fn, "lb_gdn_prefill_scratch_bytes"):
+            return
+        cfg, have = self.cfg, {b.name: b.nbytes for b in blist}
+        need = {"gdn_scratch": max(fn.lb_gdn_prefill_scratch_bytes(CHUNK, cfg.hk, cfg.hv),
+                                   fn.lb_gdn_step_scratch_bytes(1, cfg.hk, cfg.hv)),
+                "partials": max(fn.lb_attn_partials_bytes(1, cfg.n_heads, mp.ATTN_SPLITS_ONE),
+                                fn.lb_attn_partials_bytes(CHUNK, cfg.n_heads, mp.ATTN_SPLITS_MANY))}
+        for name, n in need.items():
+            if n > have[name]:
+                raise LuceboxError(f"internal: the memory plan gives {name} {have[name]} bytes, the ops need {n}")
+
+    # -- protocol --
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    @property
+    def features(self) -> np.ndarray:
+        """[n_past, len(taps)·hidden] residual stream after the tap layers (host copy)."""
+        width = len(self.tap_layers) * self.cfg.hidden
+        if not self._feats:
+            return np.zeros((0, width), np.float32)
+        return np.concatenate(self._feats, axis=0)
+
+    def reset(self) -> None:
+        for ptr, nbytes in self._state:
+            self.lib.call("lb_dev_memset", ptr, 0, nbytes)
+        self._n_past = 0
+        self._pending: Optional[Tree] = None
+        self._feats: list[np.ndarray] = []
+        self.last_verify_features: Optional[np.ndarray] = None
+
+    def close(self) -> None:
+        for a in getattr(self, "_arenas", []):
+            a.free()
+        self._arenas = []
+        self._closed = True
+
+    def poison(self) -> None:
+        """Fill every scratch buffer with NaN bytes (tests: results must not read stale scratch)."""
+        for ptr, nbytes in self._scratch:
+            self.lib.call("lb_dev_memset", ptr, 0xFF, nbytes)
+
+    def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Append tokens in chunks of 64 rows; float32 logits [V] of the last one."""
+        tokens = self._tokens(token_ids)
+        self._check_room(tokens.size)
+        self._pending, self.last_verify_features = None, None
+        for c0 in range(0, tokens.size, CHUNK):
+            chunk = tokens[c0 : c0 + CHUNK]
+            self._forward(chunk, Pass("prefill", chunk.size, self._n_past), keep=True)
+            self._n_past += chunk.size
+        self.stats.prefill_tokens += tokens.size
+        self.stats.committed = self._n_past
+        return self._logits(chunk.size - 1, 1)[0]
+
+    def step(self, token_id: int) -> np.ndarray:
+        """One decode step; float32 logits [V] for the next position."""
+        tokens = self._tokens([token_id])
+        self._check_room(1)
+        self._pending, self.last_verify_features = None, None
+        self._forward(tokens, Pass("step", 1, self._n_past), keep=True)
+        self._n_past += 1
+        self.stats.decode_steps += 1
+        self.stats.committed = self._n_past
+        return self._logits(0, 1)[0]
+
+    def verify(self, tree: Tree) -> VerifyResult:
+        """All slots in one pass (small-N projections, DeltaNet along parents, attention under the mask)."""
+        tokens = self._tokens(tree.tokens)
+        n = tree.size
+        if n > self.budget + 1:
+            raise UsageError(f"a tree of {n} slots exceeds this engine's budget {self.budget} (+ root)",
+                             hint="open the engine with a larger budget (at most 63)")
+        self._check_room(n)
+        t0 = time.perf_counter()
+        max_saves = self._upload_tree(tree)
+        self._pending = None
+        self.last_verify_features = self._forward(tokens, Pass("tree", n, self._n_past, max_saves), keep=False)
+        logits = self._logits(0, n)
+        self._pending = tree
+        self.last_verify_ms = (time.perf_counter() - t0) * 1e3
+        self.stats.verify_calls += 1
+        return VerifyResult(argmax=np.argmax(logits, axis=-1).astype(np.int64), logits=logits)
+
+    def commit(self, accepted_slots: Sequence[int]) -> None:
+        path = self._check_path(accepted_slots)
+        n = len(path)
+        self._h2d(self._bufs.path, np.asarray(path, dtype=np.int32))
+        self._layers.commit(n, self._n_past)
+        if self.last_verify_features is not None:
+            self._feats.append(self.last_verify_features[path].copy())
+        self._n_past += n
+        self.stats.committed = self._n_past
+        self._pending = None
+
+    # -- internals --
+
+    def _tokens(self, token_ids: Sequence[int]) -> np.ndarray:
+        if getattr(self, "_closed", False):
+            raise EngineUnavailable("this CUDA engine was closed")
+        tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise UsageError("no tokens to run")
+        if tokens.min() < 0 or tokens.max() >= self.cfg.vocab:
+            raise UsageError(f"token id outside the vocabulary 0..{self.cfg.vocab - 1}")
+        return tokens
+
+    def _check_room(self, n: int) -> None:
+        if self._n_past + n > self.max_context:
+            raise UsageError(
+                f"context full: {self._n_past} + {n} tokens exceed max_context {self.max_context}",
+                hint="raise max_context (LUCEBOX_MAX_CONTEXT) or shorten the prompt / --max-tokens",
+            )
+
+    def _check_path(self, accepted_slots: Sequence[int]) -> list[int]:
+        if self._pending is None:
+            raise UsageError("commit() needs a verify() first")
+        tree = self._pending
+        path = [int(s) for s in accepted_slots]
+        ok = bool(path) and path[0] == 0 and all(0 < s < tree.size for s in path[1:])
+        ok = ok and all(tree.parents[b] == a for a, b in zip(path, path[1:]))
+        if not ok:
+            raise UsageError(f"accepted slots {path} are not a root-to-node path of the verified tree")
+        return path
+
+    def _h2d(self, ptr: int, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a)
+        self.lib.call("lb_dev_h2d", ptr, a.ctypes.data, a.nbytes)
+
+    def _d2h(self, ptr: int, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        self.lib.call("lb_dev_d2h", out.ctypes.data, ptr, out.nbytes)
+        return out
+
+    def _upload_tree(self, tree: Tree) -> int:
+        """parents, positions (n_past + depth), ancestor bit masks to the device; returns the save count."""
+        b = self._bufs
+        self._h2d(b.parents, tree.parents.astype(np.int32))
+        self._h2d(b.positions, (self._n_past + tree.depth).astype(np.int32))
+        self._h2d(b.masks, tree_mask_bits(tree))
+        return int((save_plan(tree.parents) >= 0).sum())
+
+    def _forward(self, tokens: np.ndarray, p: Pass, keep: bool) -> Optional[np.ndarray]:
+        """Embed, run every layer; tap rows go to the committed features (keep) or are returned."""
+        self._h2d(self._bufs.x, self._embed(tokens))
+        taps: dict[int, np.ndarray] = {}
+
+        def on_tap(i: int) -> None:
+            taps[i] = self._d2h(self._bufs.x, np.float32, (p.t, self.cfg.hidden))
+
+        self._layers.run(p, self.tap_layers, on_tap)
+        if not self.tap_layers:
+            return None
+        feats = np.concatenate([taps[i] for i in self.tap_layers], axis=-1)
+        if keep:
+            self._feats.append(feats)
+        return feats
+
+    def _logits(self, row0: int, n: int) -> np.ndarray:
+        self._layers.head(row0, n)
+        return self._d2h(self._bufs.logits, np.float32, (n, self.cfg.vocab))
+
+
+def tree_mask_bits(tree: Tree) -> np.ndarray:
+    """[N] uint64: bit j of entry i set iff slot j is slot i or one of its ancestors (lb_attn_tree's masks)."""
+    anc = tree.ancestor_mask()
+    weights = np.left_shift(np.uint64(1), np.arange(tree.size, dtype=np.uint64))
+    return np.bitwise_or.reduce(np.where(anc, weights[None, :], np.uint64(0)), axis=1).astype(np.uint64)

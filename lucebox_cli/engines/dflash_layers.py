@@ -1,0 +1,199 @@
+"""The 27B target's forward pass as a sequence of C API calls (engines/dflash.py drives it).
+
+One pass runs t <= 64 rows through every layer: a prefill chunk (chunked DeltaNet, causal attention),
+one decode step (recurrent DeltaNet, split-KV attention) or the slots of a tree (DeltaNet along parent
+links keeping per-slot inputs for commit, attention under the ancestor mask). Per layer, as
+engines/cpu.py computes it:
+
+    h = RMSNorm1p(x, attn_norm); x += Mixer(h); h = RMSNorm1p(x, post_attention_norm);
+    x += down(SiLU(gate h) * up h)
+
+Projections read quantized weights (lb_gemv_q for one row, lb_gemm_q_smalln for 2..64 rows; outputs
+[t, rows] token-major); the output projections of the mixer and the MLP accumulate straight into x
+(accumulate = 1), which is the residual add. Buffers are carved once by engines/dflash.py from
+memory_plan.target_buffers; region offsets inside the projection buffer are fixed multiples of
+CHUNK rows, so they do not depend on t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE, CHUNK
+from lucebox_cli.models.qwen35 import Qwen35Config
+
+F32 = 4
+KV_F16 = 0
+
+
+@dataclass(frozen=True)
+class Mat:
+    """A device matrix [rows, k] in the device layout of its qtype."""
+
+    ptr: int
+    qtype: int
+    rows: int
+    k: int
+
+
+@dataclass
+class GdnLayer:
+    state: int  # [Hv, 128, 128] fp32
+    conv: int  # [3, C] fp32
+    # a verify's per-slot inputs, kept until commit: pre [S, C], k [S, Hk*128], v [S, Hv*128], g, beta [S, Hv]
+    t_pre: int = 0
+    t_k: int = 0
+    t_v: int = 0
+    t_g: int = 0
+    t_beta: int = 0
+
+
+@dataclass
+class AttnLayer:
+    kc: int  # [n_kv, max_ctx, 256] f16
+    vc: int
+
+
+@dataclass
+class Buffers:
+    """Device pointers (ints) of the scratch every pass shares."""
+
+    x: int  # residual stream [CHUNK, hidden]
+    h: int  # normed input [CHUNK, hidden]
+    proj: int  # projections, regions of CHUNK rows each
+    act: int  # mixer / MLP output before its out-projection [CHUNK, width]
+    qf: int  # attention queries after norm + RoPE [CHUNK, nh, 256]
+    gdn_scratch: int
+    tree_q: int  # [S, Hk*128]
+    tree_o: int  # [S, Hv*128]
+    saves: int
+    partials: int
+    logits: int  # [CHUNK, vocab]
+    parents: int  # int32 [CHUNK]
+    positions: int  # int32 [CHUNK]
+    masks: int  # uint64 [CHUNK]
+    path: int  # int32 [CHUNK]
+    gdn: dict[int, GdnLayer] = field(default_factory=dict)
+    attn: dict[int, AttnLayer] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """How this pass treats its t rows: mode "prefill" | "step" | "tree"; pos0 = n_past."""
+
+    mode: str
+    t: int
+    pos0: int
+    max_saves: int = 0
+
+
+class Layers:
+    """Issues one pass's calls. `lib` is an _lib.Lib (or the CPU emulation in the unit tests)."""
+
+    def __init__(self, lib: Any, cfg: Qwen35Config, mats: dict[str, Mat], vecs: dict[str, int], bufs: Buffers,
+                 max_ctx: int):
+        self.lib, self.cfg, self.m, self.v, self.b, self.max_ctx = lib, cfg, mats, vecs, bufs, max_ctx
+
+    # -- primitives --
+
+    def matmul(self, name: str, x: int, y: int, t: int, accumulate: int = 0) -> None:
+        w = self.m[name]
+        if t == 1:
+            self.lib.call("lb_gemv_q", w.qtype, w.ptr, w.rows, w.k, x, y, accumulate, None)
+        else:
+            self.lib.call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x, t, y, accumulate, None)
+
+    def rmsnorm(self, x: int, weight: str, y: int, t: int) -> None:
+        self.lib.call("lb_df_rmsnorm", x, self.v[weight], y, t, self.cfg.hidden, self.cfg.eps, None)
+
+    # -- the pass --
+
+    def run(self, p: Pass, taps: tuple[int, ...] = (), on_tap: Optional[Any] = None) -> None:
+        """All layers over rows 0..t-1 of x (already holding the embeddings); on_tap(i) after tap layers."""
+        cfg, b = self.cfg, self.b
+        for i in range(cfg.n_layers):
+            pre = f"blk.{i}."
+            self.rmsnorm(b.x, pre + "attn_norm.weight", b.h, p.t)
+            if cfg.is_attention(i):
+                self.attention(i, p)
+            else:
+                self.deltanet(i, p)
+            self.rmsnorm(b.x, pre + "post_attention_norm.weight", b.h, p.t)
+            self.mlp(i, p.t)
+            if i in taps and on_tap is not None:
+                on_tap(i)
+
+    def mlp(self, i: int, t: int) -> None:
+        b, pre, ffn = self.b, f"blk.{i}.", self.cfg.ffn
+        gate, up = b.proj, b.proj + CHUNK * ffn * F32
+        self.matmul(pre + "ffn_gate.weight", b.h, gate, t)
+        self.matmul(pre + "ffn_up.weight", b.h, up, t)
+        self.lib.call("lb_df_swiglu", gate, up, b.act, t * ffn, None)
+        self.matmul(pre + "ffn_down.weight", b.act, b.x, t, accumulate=1)
+
+    def deltanet(self, i: int, p: Pass) -> None:
+        cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.gdn[i]
+        c, vd = cfg.conv_channels, cfg.hv * cfg.dv
+        # a verify projects qkv straight into the layer's kept inputs: commit replays them
+        qkv = L.t_pre if p.mode == "tree" else b.proj
+        z = b.proj + CHUNK * c * F32
+        a = z + CHUNK * vd * F32
+        beta_in = a + CHUNK * cfg.hv * F32
+        self.matmul(pre + "attn_qkv.weight", b.h, qkv, p.t)
+        self.matmul(pre + "attn_gate.weight", b.h, z, p.t)
+        self.matmul(pre + "ssm_alpha.weight", b.h, a, p.t)
+        self.matmul(pre + "ssm_beta.weight", b.h, beta_in, p.t)
+        w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
+        if p.mode == "tree":
+            self.lib.call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,
+                          L.t_v, L.t_g, L.t_beta, b.tree_o, b.saves, p.max_saves, b.act, p.t, cfg.hk, cfg.hv,
+                          cfg.eps, None)
+        else:
+            fn = "lb_gdn_decode_step" if p.mode == "step" else "lb_gdn_prefill"
+            self.lib.call(fn, qkv, a, beta_in, z, *w, L.conv, L.state, b.act, b.gdn_scratch, p.t, cfg.hk, cfg.hv,
+                          cfg.eps, None)
+        self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t, accumulate=1)
+
+    def attention(self, i: int, p: Pass) -> None:
+        cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.attn[i]
+        nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        qg = b.proj  # [t, nh * 512]: per head [q | gate]
+        k = b.proj + CHUNK * 2 * nh * hd * F32
+        v = k + CHUNK * nkv * hd * F32
+        self.matmul(pre + "attn_q.weight", b.h, qg, p.t)
+        self.matmul(pre + "attn_k.weight", b.h, k, p.t)
+        self.matmul(pre + "attn_v.weight", b.h, v, p.t)
+        # tree slots sit at positions n_past + depth but in cache rows n_past + slot
+        positions = b.positions if p.mode == "tree" else None
+        self.lib.call("lb_attn_prep", qg, 2 * nh * hd, k, v, nkv * hd, self.v[pre + "attn_q_norm.weight"],
+                      self.v[pre + "attn_k_norm.weight"], positions, p.pos0, b.qf, L.kc, L.vc, KV_F16, p.t, nh, nkv,
+                      self.max_ctx, cfg.rope_dims, cfg.eps, cfg.rope_theta, None)
+        common = (b.qf, L.kc, L.vc, KV_F16, qg + hd * F32, 2 * nh * hd, 2 * hd, b.act, b.partials)
+        if p.mode == "step":
+            self.lib.call("lb_attn_decode", *common, ATTN_SPLITS_ONE, p.pos0 + 1, nh, nkv, self.max_ctx, None)
+        elif p.mode == "prefill":
+            self.lib.call("lb_attn_causal", *common, ATTN_SPLITS_MANY, p.t, p.pos0, nh, nkv, self.max_ctx, None)
+        else:
+            self.lib.call("lb_attn_tree", *common, ATTN_SPLITS_MANY, b.masks, p.t, p.pos0, nh, nkv, self.max_ctx,
+                          None)
+        self.matmul(pre + "attn_output.weight", b.act, b.x, p.t, accumulate=1)
+
+    def head(self, row0: int, n: int) -> None:
+        """logits[0..n) = LM head of RMSNorm1p(x[row0 .. row0 + n))."""
+        b = self.b
+        head = "token_embd.weight" if self.cfg.tied else "output.weight"
+        self.lib.call("lb_df_rmsnorm", b.x + row0 * self.cfg.hidden * F32, self.v["output_norm.weight"], b.h, n,
+                      self.cfg.hidden, self.cfg.eps, None)
+        self.matmul(head, b.h, b.logits, n)
+
+    def commit(self, n: int, n_past: int) -> None:
+        """Fold the accepted path (already in b.path, n slots) into states, conv windows and KV rows."""
+        cfg, b = self.cfg, self.b
+        for L in b.gdn.values():
+            self.lib.call("lb_gdn_commit", L.t_k, L.t_v, L.t_g, L.t_beta, L.t_pre, cfg.conv_channels, L.state, L.conv,
+                          b.path, n, cfg.hk, cfg.hv, None)
+        for L in b.attn.values():
+            for cache in (L.kc, L.vc):
+                self.lib.call("lb_df_kv_compact", cache, b.path, n, n_past, cfg.n_kv_heads, self.max_ctx,
+                              cfg.head_dim, None)

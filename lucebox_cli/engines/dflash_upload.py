@@ -1,0 +1,148 @@
+"""Weights of the 27B target engine: which GGUF tensors go to the device, in what layout, and the host
+side of the embedding.
+
+`upload_plan(model, cfg)` lists every device tensor with its byte offset inside one weight arena
+(256-byte aligned, the order of the file) and refuses, naming the tensor, any type or shape the ops do
+not take: matrices must be Q4_K, Q5_K, Q6_K or Q8_0 with rows a multiple of 256; vectors and the conv
+weight F32. `device_bytes(entry, raw)` turns a tensor's GGUF bytes into the device layout of
+cuda/common/quant_blocks.cuh: Q4_K / Q5_K unchanged, Q6_K and Q8_0 with every block's fp16 d moved to
+one trailing array. That repack is done here on the host (a byte shuffle of one tensor at a time), so
+loading needs no device staging buffer; the gpu test compares it with lb_quant_repack bit for bit.
+
+The embedding of an untied model never goes to the device: `EmbeddingRows` dequantizes only the rows of
+the tokens being fed, from the memory-mapped file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from lucebox_cli.engines.memory_plan import ALIGN, on_device
+from lucebox_cli.errors import EngineUnavailable
+from lucebox_cli.models.qwen35 import Qwen35Config, expected_tensors
+
+# ggml type name -> the C API's qtype id (LB_QT_*)
+QTYPE_IDS = {"Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# (weights per block, GGUF bytes per block, byte offset of the fp16 d inside a block)
+_D_MOVED = {"Q6_K": (256, 210, 208), "Q8_0": (32, 34, 0)}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One device tensor: GGUF name, type, numpy shape, GGUF bytes and its offset in the arena."""
+
+    name: str
+    ggml_type: str
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int
+
+    @property
+    def qtype(self) -> int:
+        return QTYPE_IDS.get(self.ggml_type, 0)
+
+
+def check_supported(cfg: Qwen35Config) -> None:
+    """The shapes the ops take; EngineUnavailable names what does not fit."""
+    why = []
+    if cfg.head_dim != 256:
+        why.append(f"attention head_dim {cfg.head_dim} (the ops take 256)")
+    if cfg.dk != 128 or cfg.dv != 128:
+        why.append(f"DeltaNet head dims {cfg.dk}/{cfg.dv} (the ops take 128)")
+    if cfg.n_heads // cfg.n_kv_heads > 8:
+        why.append(f"{cfg.n_heads // cfg.n_kv_heads} query heads per kv head (the ops take at most 8)")
+    if cfg.conv_kernel != 4:
+        why.append(f"conv kernel {cfg.conv_kernel} (the ops take 4)")
+    for what, k in (("hidden", cfg.hidden), ("ffn", cfg.ffn), ("DeltaNet value width", cfg.hv * cfg.dv)):
+        if k % 256:
+            why.append(f"{what} {k} is not a multiple of 256 (the quantized matrix ops' K)")
+    if why:
+        raise EngineUnavailable("the CUDA 27B engine does not support this model: " + "; ".join(why),
+                                hint="use --engine cpu")
+
+
+def _check_tensor(name: str, ggml_type: str, shape: tuple[int, ...]) -> None:
+    if len(shape) == 1 or name.endswith("ssm_conv1d.weight"):
+        ok = ggml_type == "F32"
+        need = "F32"
+    else:
+        ok = ggml_type in QTYPE_IDS and shape[-1] % 256 == 0
+        need = "Q4_K, Q5_K, Q6_K or Q8_0 with rows a multiple of 256"
+    if not ok:
+        raise EngineUnavailable(
+            f"the CUDA 27B engine cannot use {name} ({ggml_type} {list(shape)}): it needs {need}",
+            hint="quantize with `lucebox quantize MODEL Q4_K_M` (or Q5_K_M / Q8_0), or use --engine cpu",
+        )
+
+
+def upload_plan(model: Any, cfg: Qwen35Config) -> list[Entry]:
+    """Device tensors of an open GGUFModel, in arena order; raises EngineUnavailable on what the ops lack."""
+    check_supported(cfg)
+    entries, offset = [], 0
+    for name, shape in expected_tensors(cfg).items():
+        if not on_device(name, cfg):
+            continue
+        info = model.require(name, shape)
+        _check_tensor(name, info.ggml_type, tuple(info.shape))
+        entries.append(Entry(name, info.ggml_type, tuple(info.shape), int(info.nbytes), offset))
+        offset += (int(info.nbytes) + ALIGN - 1) // ALIGN * ALIGN
+    return entries
+
+
+def arena_bytes(entries: list[Entry]) -> int:
+    last = entries[-1]
+    return last.offset + (last.nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+def device_bytes(entry: Entry, raw: np.ndarray) -> np.ndarray:
+    """The device layout of one tensor from its GGUF bytes (flat uint8, same length)."""
+    raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    if raw.size != entry.nbytes:
+        raise EngineUnavailable(f"{entry.name}: {raw.size} bytes in the file, {entry.nbytes} expected")
+    if entry.ggml_type not in _D_MOVED:
+        return raw
+    _, size, d_at = _D_MOVED[entry.ggml_type]
+    blocks = raw.reshape(-1, size)
+    body = np.delete(blocks, [d_at, d_at + 1], axis=1)  # [n_blocks, size - 2], block order kept
+    return np.concatenate([body.reshape(-1), blocks[:, d_at : d_at + 2].reshape(-1)])
+
+
+def gguf_bytes(entry: Entry, dev: np.ndarray) -> np.ndarray:
+    """Inverse of device_bytes (tests and the CPU emulation of the matrix ops read weights back with it)."""
+    dev = np.asarray(dev, dtype=np.uint8).reshape(-1)
+    if entry.ggml_type not in _D_MOVED:
+        return dev
+    _, size, d_at = _D_MOVED[entry.ggml_type]
+    n_blocks = dev.size // size
+    body = dev[: n_blocks * (size - 2)].reshape(n_blocks, size - 2)
+    d = dev[n_blocks * (size - 2) :].reshape(n_blocks, 2)
+    return np.concatenate([body[:, :d_at], d, body[:, d_at:]], axis=1).reshape(-1)
+
+
+def iter_device_tensors(model: Any, entries: list[Entry]) -> Iterator[tuple[Entry, np.ndarray]]:
+    """(entry, device-layout bytes) one tensor at a time, read from the memory map."""
+    for e in entries:
+        yield e, np.ascontiguousarray(device_bytes(e, model.raw(e.name)))
+
+
+class EmbeddingRows:
+    """float32 rows of token_embd for given token ids, dequantized on the host from the memory map."""
+
+    def __init__(self, model: Any, cfg: Qwen35Config):
+        info = model.require("token_embd.weight", (cfg.vocab, cfg.hidden))
+        self.ggml_type = info.ggml_type
+        self.hidden = cfg.hidden
+        self._rows = model.raw("token_embd.weight").reshape(cfg.vocab, -1)
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        rows = self._rows[np.asarray(tokens, dtype=np.int64)]
+        if self.ggml_type == "F32":
+            return np.ascontiguousarray(rows.view(np.float32).reshape(-1, self.hidden))
+        # the gguf package's dequantizer, row by row (gguf_io only offers whole tensors)
+        import gguf
+
+        out = gguf.quants.dequantize(np.ascontiguousarray(rows), gguf.GGMLQuantizationType[self.ggml_type])
+        return np.ascontiguousarray(np.asarray(out, dtype=np.float32).reshape(-1, self.hidden))

@@ -1,0 +1,225 @@
+"""A CPU emulation of the C API calls engines/dflash.py makes, for testing its sequencing without a GPU.
+
+"Device" pointers are real host addresses of numpy buffers, so pointer arithmetic, offsets, leading
+dimensions and row layouts are exercised exactly as the engine computes them; each op reads and writes
+through views at those addresses and does the math of engines/cpu.py in fp32 (weights read back from
+the device layout through dflash_upload.gguf_bytes and the gguf package's dequantizer, K/V stored in
+the cache as f16 like the GPU). A wrong offset, ld, layout or call order shows as a mismatch with
+the CPU engine; the kernels' own numerics are the gpu tests' business.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from lucebox_cli.engines.cpu import (_attend, _l2_norm, _rms_norm, _sigmoid, _silu, gated_delta_chunked,
+                                     gated_delta_recurrent, gated_delta_tree)
+from lucebox_cli.engines.dflash_upload import Entry, gguf_bytes
+
+D = 128
+QNAMES = {8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+
+
+def view(ptr, dtype, count: int) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    buf = (ctypes.c_char * (int(count) * dtype.itemsize)).from_address(int(ptr))
+    return np.frombuffer(buf, dtype=dtype, count=int(count))
+
+
+class FakeLib:
+    """`call(name, *args)` like _lib.Lib; `fn.<size query>` like its ctypes functions."""
+
+    def __init__(self):
+        self._mem: dict[int, np.ndarray] = {}
+        self._wcache: dict[tuple, np.ndarray] = {}
+        self.calls: list[str] = []
+        self.fn = self
+
+    def call(self, name: str, *args) -> None:
+        self.calls.append(name)
+        getattr(self, name)(*args)
+
+    # -- memory --
+    def lb_dev_alloc(self, nbytes, out):
+        a = np.full(int(nbytes), 0xFF, dtype=np.uint8)  # fresh memory is NaN bytes: unwritten reads show
+        self._mem[a.ctypes.data] = a
+        out._obj.value = a.ctypes.data
+
+    def lb_dev_free(self, ptr):
+        self._mem.pop(int(ptr))
+
+    def lb_dev_h2d(self, dst, src, n):
+        ctypes.memmove(int(dst), int(src), int(n))
+
+    lb_dev_d2h = lb_dev_h2d
+
+    def lb_dev_memset(self, dst, byte, n):
+        ctypes.memset(int(dst), int(byte), int(n))
+
+    def lb_dev_sync(self):
+        pass
+
+    # -- matrices --
+    def _w(self, qtype, ptr, rows, k) -> np.ndarray:
+        key = (int(ptr), qtype, rows, k)
+        if key not in self._wcache:
+            import gguf
+
+            qt = QNAMES[qtype]
+            nbytes = {8: rows * k // 32 * 34, 12: rows * k // 256 * 144, 13: rows * k // 256 * 176,
+                      14: rows * k // 256 * 210}[qtype]
+            raw = gguf_bytes(Entry("w", qt, (rows, k), nbytes, 0), view(ptr, np.uint8, nbytes).copy())
+            w = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType[qt])
+            self._wcache[key] = np.asarray(w, np.float32).reshape(rows, k)
+        return self._wcache[key]
+
+    def lb_gemm_q_smalln(self, qtype, w, rows, k, x, n, y, acc, stream):
+        assert 1 <= n <= 64 and k % 256 == 0
+        W = self._w(qtype, w, rows, k)
+        xs = view(x, np.float32, n * k).reshape(n, k)
+        out = view(y, np.float32, n * rows).reshape(n, rows)
+        res = xs @ W.T
+        out[:] = out + res if acc else res
+
+    def lb_gemv_q(self, qtype, w, rows, k, x, y, acc, stream):
+        self.lb_gemm_q_smalln(qtype, w, rows, k, x, 1, y, acc, stream)
+
+    # -- small kernels --
+    def lb_df_rmsnorm(self, x, w, y, t, n, eps, stream):
+        xs = view(x, np.float32, t * n).reshape(t, n).copy()
+        view(y, np.float32, t * n)[:] = _rms_norm(xs, view(w, np.float32, n), eps).reshape(-1)
+
+    def lb_df_swiglu(self, g, u, y, count, stream):
+        view(y, np.float32, count)[:] = _silu(view(g, np.float32, count)) * view(u, np.float32, count)
+
+    def lb_df_copy(self, dst, src, n, stream):
+        ctypes.memmove(int(dst), int(src), int(n))
+
+    def lb_df_kv_compact(self, cache, path, n, n_past, heads, max_ctx, row, stream):
+        c = view(cache, np.uint16, heads * max_ctx * row).reshape(heads, max_ctx, row)
+        p = view(path, np.int32, n)
+        for j in range(n):
+            c[:, n_past + j] = c[:, n_past + p[j]]
+
+    # -- DeltaNet --
+    def _prep(self, pre, a, b, conv_w, ssm_a, dt, conv, t, hk, hv, parents=None):
+        c = (2 * hk + hv) * D
+        P = view(pre, np.float32, t * c).reshape(t, c).copy()
+        hist = np.concatenate([view(conv, np.float32, 3 * c).reshape(3, c).copy(), P])
+        cw = view(conv_w, np.float32, c * 4).reshape(c, 4)
+        if parents is None:
+            mixed = sum(hist[j : j + t] * cw[:, j] for j in range(4))
+        else:
+            par = view(parents, np.int32, t)
+            wins = []
+            for i in range(t):
+                chain, s = [], i
+                while s >= 0:
+                    chain.append(3 + s)
+                    s = int(par[s])
+                wins.append(([0, 1, 2] + chain[::-1])[-4:])
+            mixed = np.einsum("tkc,ck->tc", hist[np.asarray(wins)], cw)
+        mixed = _silu(mixed)
+        q = _l2_norm(mixed[:, : hk * D].reshape(t, hk, D)) / np.float32(np.sqrt(D))
+        k = _l2_norm(mixed[:, hk * D : 2 * hk * D].reshape(t, hk, D))
+        v = mixed[:, 2 * hk * D :].reshape(t, hv, D)
+        bt = _sigmoid(view(b, np.float32, t * hv).reshape(t, hv))
+        av = view(a, np.float32, t * hv).reshape(t, hv)
+        g = view(ssm_a, np.float32, hv) * np.logaddexp(0.0, av + view(dt, np.float32, hv))
+        return q, k, v, g.astype(np.float32), bt.astype(np.float32), hist
+
+    def _out(self, o, z, norm_w, y, t, hv, eps):
+        zz = view(z, np.float32, t * hv * D).reshape(t, hv, D)
+        yy = _rms_norm(o, view(norm_w, np.float32, D), eps) * _silu(zz)
+        view(y, np.float32, t * hv * D)[:] = yy.reshape(-1)
+
+    def _sequence(self, delta, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, t, hk, hv, eps):
+        c = (2 * hk + hv) * D
+        q, k, v, g, bt, hist = self._prep(pre, a, b, conv_w, ssm_a, dt, conv, t, hk, hv)
+        st = view(state, np.float32, hv * D * D).reshape(hv, D, D)
+        o, new = delta(q, k, v, g, bt, st.copy())
+        st[:] = new
+        view(conv, np.float32, 3 * c)[:] = hist[-3:].reshape(-1)
+        self._out(o, z, norm_w, y, t, hv, eps)
+
+    def lb_gdn_decode_step(self, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, scratch, t, hk, hv, eps, s):
+        self._sequence(gated_delta_recurrent, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, t, hk, hv, eps)
+
+    def lb_gdn_prefill(self, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, scratch, t, hk, hv, eps, s):
+        self._sequence(gated_delta_chunked, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, t, hk, hv, eps)
+
+    def lb_gdn_tree_verify(self, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, parents, q, k, v, g, beta, o,
+                           saves, max_saves, y, n, hk, hv, eps, s):
+        qq, kk, vv, gg, bb, _ = self._prep(pre, a, b, conv_w, ssm_a, dt, conv, n, hk, hv, parents)
+        st = view(state, np.float32, hv * D * D).reshape(hv, D, D).copy()
+        out, _ = gated_delta_tree(qq, kk, vv, gg, bb, st, view(parents, np.int32, n).astype(np.int64))
+        for ptr, arr in ((q, qq), (k, kk), (v, vv), (g, gg), (beta, bb), (o, out)):
+            view(ptr, np.float32, arr.size)[:] = arr.reshape(-1)
+        self._out(out, z, norm_w, y, n, hv, eps)
+
+    def lb_gdn_commit(self, k, v, g, beta, pre, ld_pre, state, conv, path, n, hk, hv, s):
+        p = view(path, np.int32, n).astype(np.int64)
+        kk = view(k, np.float32, (p.max() + 1) * hk * D).reshape(-1, hk, D)[p]
+        vv = view(v, np.float32, (p.max() + 1) * hv * D).reshape(-1, hv, D)[p]
+        gg = view(g, np.float32, (p.max() + 1) * hv).reshape(-1, hv)[p]
+        bb = view(beta, np.float32, (p.max() + 1) * hv).reshape(-1, hv)[p]
+        st = view(state, np.float32, hv * D * D).reshape(hv, D, D)
+        _, new = gated_delta_recurrent(np.zeros_like(kk), kk, vv, gg, bb, st.copy())
+        st[:] = new
+        c = (2 * hk + hv) * D
+        P = view(pre, np.float32, (p.max() + 1) * ld_pre).reshape(-1, ld_pre)[p, :c]
+        cv = view(conv, np.float32, 3 * c).reshape(3, c)
+        cv[:] = np.concatenate([cv.copy(), P])[-3:]
+
+    # -- attention --
+    def lb_attn_prep(self, qg, ld_q, k, v, ld_kv, qn, kn, positions, pos0, qf, kc, vc, kvd, t, nh, nkv, max_ctx,
+                     rope_dims, eps, theta, s):
+        assert kvd == 0
+        hd = 256
+        Q = view(qg, np.float32, t * ld_q).reshape(t, ld_q)[:, : nh * 2 * hd].reshape(t, nh, 2 * hd)[..., :hd]
+        K = view(k, np.float32, t * ld_kv).reshape(t, ld_kv)[:, : nkv * hd].reshape(t, nkv, hd)
+        V = view(v, np.float32, t * ld_kv).reshape(t, ld_kv)[:, : nkv * hd].reshape(t, nkv, hd)
+        pos = view(positions, np.int32, t).astype(np.int64) if positions else pos0 + np.arange(t)
+        q = _rope(_rms_norm(Q, view(qn, np.float32, hd), eps), pos, rope_dims, theta)
+        kr = _rope(_rms_norm(K, view(kn, np.float32, hd), eps), pos, rope_dims, theta)
+        view(qf, np.float32, t * nh * hd)[:] = q.reshape(-1)
+        kcache = view(kc, np.uint16, nkv * max_ctx * hd).reshape(nkv, max_ctx, hd)
+        vcache = view(vc, np.uint16, nkv * max_ctx * hd).reshape(nkv, max_ctx, hd)
+        kcache[:, pos0 : pos0 + t] = kr.astype(np.float16).view(np.uint16).transpose(1, 0, 2)
+        vcache[:, pos0 : pos0 + t] = V.astype(np.float16).view(np.uint16).transpose(1, 0, 2)
+
+    def _attn(self, qf, kc, vc, gate, gate_ld, gate_hs, out, t, rows, mask, nh, nkv, max_ctx):
+        hd = 256
+        q = view(qf, np.float32, t * nh * hd).reshape(t, nh, hd).copy()
+        keys = view(kc, np.uint16, nkv * max_ctx * hd).reshape(nkv, max_ctx, hd)[:, :rows]
+        vals = view(vc, np.uint16, nkv * max_ctx * hd).reshape(nkv, max_ctx, hd)[:, :rows]
+        keys = keys.view(np.float16).astype(np.float32).transpose(1, 0, 2)
+        vals = vals.view(np.float16).astype(np.float32).transpose(1, 0, 2)
+        o = _attend(q, keys, vals, mask)
+        gbase = view(gate, np.float32, (t - 1) * gate_ld + (nh - 1) * gate_hs + hd)
+        gidx = np.arange(t)[:, None, None] * gate_ld + np.arange(nh)[None, :, None] * gate_hs + np.arange(hd)
+        view(out, np.float32, t * nh * hd)[:] = (o * _sigmoid(gbase[gidx])).reshape(-1)
+
+    def lb_attn_decode(self, qf, kc, vc, kvd, gate, gl, gh, out, part, ms, n_ctx, nh, nkv, max_ctx, s):
+        self._attn(qf, kc, vc, gate, gl, gh, out, 1, n_ctx, np.ones((1, n_ctx), bool), nh, nkv, max_ctx)
+
+    def lb_attn_causal(self, qf, kc, vc, kvd, gate, gl, gh, out, part, ms, t, pos0, nh, nkv, max_ctx, s):
+        mask = np.arange(pos0 + t)[None, :] <= (pos0 + np.arange(t))[:, None]
+        self._attn(qf, kc, vc, gate, gl, gh, out, t, pos0 + t, mask, nh, nkv, max_ctx)
+
+    def lb_attn_tree(self, qf, kc, vc, kvd, gate, gl, gh, out, part, ms, masks, n, n_past, nh, nkv, max_ctx, s):
+        bits = view(masks, np.uint64, n)
+        local = ((bits[:, None] >> np.arange(n, dtype=np.uint64)[None, :]) & np.uint64(1)).astype(bool)
+        mask = np.concatenate([np.ones((n, n_past), bool), local], axis=1)
+        self._attn(qf, kc, vc, gate, gl, gh, out, n, n_past + n, mask, nh, nkv, max_ctx)
+
+
+def _rope(x, pos, rope_dims, theta):
+    half = rope_dims // 2
+    inv = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rope_dims)
+    ang = np.asarray(pos, np.float64)[:, None] * inv[None, :]
+    cos, sin = np.cos(ang).astype(np.float32)[:, None, :], np.sin(ang).astype(np.float32)[:, None, :]
+    a, b = x[..., :half], x[..., half : 2 * half]
+    return np.concatenate([a * cos - b * sin, b * cos + a * sin, x[..., 2 * half :]], axis=-1)
