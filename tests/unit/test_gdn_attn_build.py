@@ -6,9 +6,6 @@ kernels themselves run in tests/gpu/test_gdn_ops.py and tests/gpu/test_attn_ops.
 from __future__ import annotations
 
 import ctypes
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +17,8 @@ from lucebox_cli.engines.cpu import gated_delta_tree
 from lucebox_cli.engines.gdn_tree_plan import (STATE_BYTES_27B, emulate_tree_delta, replay, save_plan,
                                                verify_state_traffic)
 from lucebox_cli.spec.ddtree import build_ddtree
+from cuda_build import REPO, assert_api_rows, compile_cu, needs_nvcc, spill_stores
 
-REPO = Path(__file__).resolve().parents[2]
 SOURCES = ["gdn_conv.cu", "gdn_delta.cu", "gdn_chunked.cu", "attn_rope.cu", "attn_decode.cu", "attn_tree.cu"]
 API = ["lb_gdn_conv_prep", "lb_gdn_out_norm", "lb_gdn_tree_plan", "lb_gdn_delta", "lb_gdn_commit",
        "lb_gdn_step_scratch_bytes", "lb_gdn_decode_step", "lb_gdn_tree_verify", "lb_gdn_chunked_scratch_bytes",
@@ -29,30 +26,19 @@ API = ["lb_gdn_conv_prep", "lb_gdn_out_norm", "lb_gdn_tree_plan", "lb_gdn_delta"
        "lb_attn_decode", "lb_attn_tree", "lb_attn_causal"]
 
 
-def _nvcc() -> str | None:
-    return shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-
-
+@needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
 @pytest.mark.parametrize("source", SOURCES)
 def test_compiles_without_spills(source: str, arch: str, tmp_path: Path):
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    cmd = [nvcc, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr", f"-arch={arch}",
-           "-Icuda/include", "-Icuda/common", "-Xptxas", "-v", "-c", f"cuda/ops/{source}", "-o", str(tmp_path / "o.o")]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
+    returncode, log = compile_cu(f"cuda/ops/{source}", arch, tmp_path)
+    assert returncode == 0, log[-4000:]
+    spills = spill_stores(log)
     # attn_tree.cu holds only host entry points (no kernels, so no ptxas lines)
-    assert (spills or source == "attn_tree.cu") and not any(spills), "register spills:\n" + proc.stderr[-4000:]
+    assert (spills or source == "attn_tree.cu") and not any(spills), "register spills:\n" + log[-4000:]
 
 
 def test_api_rows_in_header_and_table():
-    header = (REPO / "cuda" / "include" / "lucebox.h").read_text()
-    for name in API:
-        assert re.search(rf"\bLB_API\s+\w+\s+{name}\s*\(", header), f"{name} missing from lucebox.h"
-        assert name in _lib.DECLS, f"{name} missing from _lib.DECLS"
+    assert_api_rows(API)
 
 
 def random_tree(n: int, seed: int) -> np.ndarray:

@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+from cuda_build import REPO as ROOT
+from cuda_build import compile_cu, needs_nvcc
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(NVCC is None, reason="no nvcc on this machine")
+@needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
 def test_megakernel_compiles(arch, tmp_path):
-    src = ROOT / "cuda" / "megakernel" / "mk_kernel.cu"
-    out = subprocess.run(
-        [NVCC, "-O3", "-std=c++17", f"-arch={arch}", "-I", str(ROOT / "cuda/include"), "-I", str(ROOT / "cuda/common"),
-         "-Xptxas", "-v", "-c", str(src), "-o", str(tmp_path / "mk.o")],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    returncode, log = compile_cu("cuda/megakernel/mk_kernel.cu", arch, tmp_path, timeout=600)
+    assert returncode == 0, log[-2000:]
     # no local-memory spills in the persistent kernel (a spill would add traffic to every step)
-    assert "0 bytes spill stores" in out.stderr
+    assert "0 bytes spill stores" in log
 
 
 def test_engine_reports_no_gpu_cleanly(monkeypatch):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,29 +15,21 @@ import pytest
 from lucebox_cli.config import get_profile
 from lucebox_cli.engines import _lib
 from lucebox_cli.errors import EngineUnavailable
+from cuda_build import REPO, finish_compile, needs_nvcc, start_compile
 
-REPO = Path(__file__).resolve().parents[2]
 SOURCES = ["cuda/ops/gemm_bf16.cu", "cuda/ops/deltanet_chunked.cu", "cuda/ops/attn_prefill.cu", "cuda/ops/pf_small.cu",
            "cuda/prefill/prefill_08b.cu"]
 PROFILES = ["rtx3090-sm86", "h200-sm90"]
 
 
-def _nvcc() -> str | None:
-    return shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-
-
-@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+@needs_nvcc
 @pytest.mark.parametrize("profile", PROFILES)
 def test_sources_compile_without_spills(profile: str, tmp_path: Path):
     arch = get_profile(profile).arch
-    # the Makefile's flags (NVCCFLAGS) plus ptxas statistics
-    flags = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", "--expt-relaxed-constexpr",
-             f"-arch={arch}", "-Icuda/include", "-Icuda/common", "-Xptxas", "-v"]
-    procs = [subprocess.Popen([_nvcc(), *flags, "-c", src, "-o", str(tmp_path / (Path(src).stem + ".o"))], cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for src in SOURCES]
+    procs = [start_compile(src, arch, tmp_path) for src in SOURCES]
     for src, proc in zip(SOURCES, procs):
-        out = proc.communicate(timeout=600)[0]
-        assert proc.returncode == 0, f"{src} ({arch}):\n{out[-3000:]}"
+        returncode, out = finish_compile(proc, timeout=600)
+        assert returncode == 0, f"{src} ({arch}):\n{out[-3000:]}"
         spills = [line for line in out.splitlines() if re.search(r"[1-9]\d* bytes spill", line)]
         assert not spills, f"{src} ({arch}) spills registers:\n" + "\n".join(spills)
 
