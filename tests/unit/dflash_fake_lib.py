@@ -37,6 +37,9 @@ class FakeLib:
         self.calls: list[str] = []
         self.fn = self
 
+    def device_props(self, dev: int) -> dict:
+        return {"total_mem_bytes": 8 << 30, "name": "emulated"}
+
     def call(self, name: str, *args) -> None:
         self.calls.append(name)
         getattr(self, name)(*args)

