@@ -157,7 +157,7 @@ def check_prefill_and_ar(n_layers: int, steps: int = 32) -> None:
 
 
 @pytest.mark.parametrize("n_layers", [4, 8])
-def test_prefill_and_greedy(n_layers=4):
+def test_prefill_and_greedy(n_layers):
     check_prefill_and_ar(n_layers)
 
 
@@ -186,7 +186,7 @@ def check_verify_commit(seed: int, n: int, budget: int) -> None:
 
 
 @pytest.mark.parametrize("seed,n,budget", [(1, 23, 22), (2, 17, 22), (3, 64, 63)], ids=["N23", "N17", "N64"])
-def test_verify_commit_step(seed=1, n=23, budget=22):
+def test_verify_commit_step(seed, n, budget):
     check_verify_commit(seed, n, budget)
 
 
