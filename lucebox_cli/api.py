@@ -5,7 +5,8 @@
     result = generate(cfg, prompt_ids, on_token=cb)  # -> GenerationResult(prompt_tokens, tokens, text, stats)
 
 Engine choice: "cpu" is the numpy reference engine; "cuda" the built GPU engine for the model (the
-0.8B decode megakernel today); "auto" tries cuda and falls back to cpu, saying why in `note`.
+0.8B decode megakernel, or the quantized 27B target engine for qwen35 GGUFs with its head sizes);
+"auto" tries cuda and falls back to cpu, saying why in `note`.
 """
 
 from __future__ import annotations
@@ -185,6 +186,15 @@ def _open_cpu(cfg: RunConfig, model: LoadedModel, tap_layers: Sequence[int]):
 
 def _open_cuda(cfg: RunConfig, model: LoadedModel, tap_layers: Sequence[int]):
     """The built GPU engine for this model and run; EngineUnavailable / UnsupportedModel say why not."""
+    if model.format == "gguf" and model.cfg.head_dim == 256 and model.cfg.dk == 128:
+        # qwen35 GGUFs at the 27B head sizes: the quantized target engine (engines/dflash.py)
+        if cfg.spec != "none":
+            raise EngineUnavailable("the CUDA 27B engine is wired for --spec none only (the GPU draft is not built)",
+                                    hint="use --spec none, or --engine cpu")
+        from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+        return DFlashTargetEngine(model.path, profile=cfg.profile, max_context=cfg.max_context, budget=cfg.budget,
+                                  tap_layers=tap_layers)
     if cfg.spec != "none" or tap_layers:
         raise EngineUnavailable(
             "no CUDA engine with speculative verify is available in this build (the megakernel only decodes)",
