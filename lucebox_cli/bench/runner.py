@@ -93,6 +93,39 @@ def make_tg(engine: Any, prompt: list[int], n_gen: int, meter: Optional[EnergyMe
     return once
 
 
+def verify_tree(n: int, vocab: int, seed: int = 0) -> Any:
+    """A branched n-slot tree like DDTree's: a spine of up to 16 slots, then siblings off random nodes."""
+    from lucebox_cli.engines.base import Tree
+
+    rng = np.random.default_rng(seed)
+    spine = min(n, 16)
+    parents = list(range(-1, spine - 1)) + [int(rng.integers(0, spine)) for _ in range(n - spine)]
+    return Tree(rng.integers(0, min(vocab, 150000), n), np.asarray(parents))
+
+
+def make_verify(engine: Any, prompt: list[int], n: int, vocab: int, steps: int = 8):
+    """One n-slot verify on top of the prompt, timed; `ar_ms` (set as a side effect) is one decode step's
+    time measured right before, so the row can state the verify in AR-step units."""
+    tree = verify_tree(n, vocab)
+    timing: dict[str, float] = {}
+
+    def once() -> tuple[float, int, Optional[float]]:
+        engine.reset()
+        logits = engine.prefill(prompt)
+        tok = int(np.argmax(logits))
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            tok = int(np.argmax(engine.step(tok)))
+        timing["ar_ms"] = (time.perf_counter() - t0) / steps * 1e3
+        t0 = time.perf_counter()
+        engine.verify(tree)
+        dt = time.perf_counter() - t0
+        timing["verify_ms"] = dt * 1e3
+        return dt, n, None
+
+    return once, timing
+
+
 def bytes_per_token(cfg: Any, weight_bytes: int, context: float) -> float:
     """Bytes one decode step must move: weights, DeltaNet state read + written (fp32), KV rows read (bf16)."""
     n_attn = sum(1 for i in range(cfg.n_layers) if cfg.is_attention(i))
@@ -103,8 +136,11 @@ def bytes_per_token(cfg: Any, weight_bytes: int, context: float) -> float:
 
 
 def speed_rows(model: Any, engine: Any, *, profile: Any, n_prompt: int, n_gen: int, reps: int, warmup: int = 1,
-               energy: bool = True, base: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
-    """Rows for pp<n_prompt> (if > 0) and tg<n_gen> (if > 0). `base` is merged into every row."""
+               energy: bool = True, base: Optional[dict[str, Any]] = None, depth: int = 0,
+               verify_n: int = 0) -> list[dict[str, Any]]:
+    """Rows for pp<n_prompt> (if > 0), tg<n_gen> (if > 0), tg<n_gen>@d<depth> (if both > 0) and
+    verify<verify_n> (if > 0: one tree verify on top of the prompt, also in AR-step units).
+    `base` is merged into every row."""
     cfg = model.cfg
     meter = EnergyMeter() if energy and engine.name != "cpu" else None
     info = getattr(engine, "info", None) or {}
@@ -117,9 +153,17 @@ def speed_rows(model: Any, engine: Any, *, profile: Any, n_prompt: int, n_gen: i
         tests.append((f"pp{n_prompt}", make_pp(engine, prompt, meter), n_prompt / 2))
     if n_gen > 0:
         tests.append((f"tg{n_gen}", make_tg(engine, prompt, n_gen, meter), n_prompt + n_gen / 2))
+    if n_gen > 0 and depth > 0:
+        tests.append((f"tg{n_gen}@d{depth}", make_tg(engine, _prompt(depth, cfg.vocab, 1), n_gen, meter),
+                      depth + n_gen / 2))
+    timing: dict[str, float] = {}
+    if verify_n > 0:
+        once_v, timing = make_verify(engine, prompt, verify_n, cfg.vocab)
+        tests.append((f"verify{verify_n}", once_v, n_prompt))
     rows = []
     for test, once, ctx in tests:
-        rates, tok_j = repeat(once, reps=reps, warmup=warmup, need_energy=meter is not None)
+        is_verify = test.startswith("verify")
+        rates, tok_j = repeat(once, reps=reps, warmup=warmup, need_energy=meter is not None and not is_verify)
         st = summarize(rates)
         # Decode is bandwidth-bound: GB/s against the card's bandwidth. Prefill reads the weights once
         # for all its tokens and is compute-bound: it reports TFLOP/s (2 FLOPs per weight per token) instead.
@@ -136,5 +180,10 @@ def speed_rows(model: Any, engine: Any, *, profile: Any, n_prompt: int, n_gen: i
                                 if hw and gbps is not None and getattr(hw, "bandwidth_measured_gbps", None) else None),
             "tok_per_j": tok_j,
         })
+        if is_verify:
+            # tok_s = slots per second of the verify; the row's point is its time in AR decode steps
+            verify_ms = 1e3 * verify_n / st["mean"]
+            row.update({"gbps": None, "pct_bw": None, "pct_bw_measured": None, "verify_ms": verify_ms,
+                        "ar_step_ms": timing["ar_ms"], "verify_in_steps": verify_ms / timing["ar_ms"]})
         rows.append({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()})
     return rows

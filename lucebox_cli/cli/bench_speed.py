@@ -23,6 +23,7 @@ Examples:
   lucebox bench speed qwen3.5-0.8b                      # pp520 + tg128, 5 repetitions, markdown
   lucebox bench speed ./random-0.8b -p 520 -n 128 -r 5 --json
   lucebox bench speed model.gguf --engine cpu -p 16 -n 8 -r 1
+  lucebox bench speed random-27b.gguf -p 520 -n 128 -d 4096 --verify-n 23   # + tg at depth, a 23-slot verify
 """
 
 
@@ -54,7 +55,7 @@ def _random_flag(model: Any) -> bool:
 
 
 def run_speed(model_arg: str, *, n_prompt: int, n_gen: int, reps: int, engine: str, profile: Optional[str],
-              max_context: int, warmup: int) -> list[dict[str, Any]]:
+              max_context: int, warmup: int, depth: int = 0, verify_n: int = 0) -> list[dict[str, Any]]:
     """Load, open, measure; rows carry GPU, commit and the resolved config."""
     from lucebox_cli import api
     from lucebox_cli.bench.runner import speed_rows
@@ -62,8 +63,13 @@ def run_speed(model_arg: str, *, n_prompt: int, n_gen: int, reps: int, engine: s
 
     if n_prompt < 0 or n_gen < 0 or reps < 1 or (n_prompt == 0 and n_gen == 0):
         raise UsageError("need -p >= 0, -n >= 0 (not both 0) and -r >= 1")
+    if depth < 0 or not 0 <= verify_n <= 64:
+        raise UsageError("need --depth >= 0 and --verify-n in 0..64")
+    # a verify row needs a tree budget of verify_n - 1 (RunConfig's default otherwise)
+    extra = {"budget": max(verify_n - 1, 1)} if verify_n else {}
     cfg = RunConfig(model=model_arg, engine=engine, profile=profile,
-                    max_context=max(max_context, n_prompt + n_gen + 1))
+                    max_context=max(max_context, n_prompt + n_gen + 1, depth + n_gen + 1, n_prompt + 9 + verify_n),
+                    **extra)
     model = api.load_model(model_arg)
     opened = api.open_engine(cfg, model)
     try:
@@ -80,7 +86,7 @@ def run_speed(model_arg: str, *, n_prompt: int, n_gen: int, reps: int, engine: s
                 "note": opened.note, "config": cfg.to_dict(),
                 "engine_info": getattr(eng, "info", None)}
         return speed_rows(model, eng, profile=prof, n_prompt=n_prompt, n_gen=n_gen, reps=reps, warmup=warmup,
-                          base=base)
+                          base=base, depth=depth, verify_n=verify_n)
     finally:
         opened.engine.close()
 
@@ -96,6 +102,9 @@ def register(bench_app: typer.Typer) -> None:
         engine: Annotated[str, typer.Option("--engine", help="auto | cuda | cpu")] = "auto",
         profile: ProfileOpt = None,
         max_context: Annotated[int, typer.Option("--max-context", help="KV cache rows.")] = 4096,
+        depth: Annotated[int, typer.Option("-d", "--depth", help="Also tg<n> after this many context tokens.")] = 0,
+        verify_n: Annotated[int, typer.Option("--verify-n", help="Also one tree verify of this many slots "
+                                                                 "(time and AR-step units).")] = 0,
         as_json: Annotated[bool, typer.Option("--json", help="JSON rows with raw samples.")] = False,
         as_md: Annotated[bool, typer.Option("--md", help="Markdown table (default).")] = False,
         as_csv: Annotated[bool, typer.Option("--csv", help="CSV.")] = False,
@@ -106,5 +115,5 @@ def register(bench_app: typer.Typer) -> None:
         if as_json + as_md + as_csv > 1:
             raise UsageError("choose one of --json, --md, --csv")
         rows = run_speed(model, n_prompt=n_prompt, n_gen=n_gen, reps=reps, engine=engine, profile=profile,
-                         max_context=max_context, warmup=warmup)
+                         max_context=max_context, warmup=warmup, depth=depth, verify_n=verify_n)
         typer.echo(render(rows, "json" if as_json else "csv" if as_csv else "md"), nl=False)
