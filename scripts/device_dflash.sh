@@ -36,4 +36,18 @@ timeout "${TEST_TIMEOUT:-240}" python3 tests/gpu/test_dflash_engine.py ${BENCH_G
 rc=$?
 echo "test rc=$rc" | tee -a "$S"
 grep -E "^(PASS|FAIL)|failed of|^bench|Error|error" "$OUT/dflash.log" | tail -30 | tee -a "$S"
+
+echo "== lucebox bench speed (tiny Q4_K_M, cuda engine: pp, tg, tg at depth, 23-slot verify)" | tee -a "$S"
+TINY=${LUCEBOX_DFLASH_GGUF_DIR:-.gl/dflash}/tiny8-Q4_K_M.gguf
+timeout 60 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' \
+  bench speed "$TINY" --engine cuda -p 64 -n 32 -d 256 --verify-n 23 -r 3 --json > "$OUT/bench.json" 2>> "$OUT/setup.log"
+echo "bench rc=$?" | tee -a "$S"
+python3 - "$OUT/bench.json" <<'PY' 2>> "$OUT/setup.log" | tee -a "$S"
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    extra = ""
+    if r.get("verify_ms"):
+        extra = " verify %.2f ms = %.2f AR steps" % (r["verify_ms"], r["verify_in_steps"])
+    print("%14s %10.1f tok/s%s" % (r["test"], r["tok_s"], extra))
+PY
 exit $rc
