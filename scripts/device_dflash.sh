@@ -22,8 +22,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 
 echo "== build ($PROFILE)" | tee -a "$S"
 start=$SECONDS
-make build PROFILE="$PROFILE" PY=python3 -j"$(nproc)" >> "$OUT/setup.log" 2>&1 || { tail -40 "$OUT/setup.log"; exit 1; }
-echo "built in $((SECONDS - start)) s" | tee -a "$S"
+if [ -n "${USE_CARRIED_LIB:-}" ] && [ -f "build/$PROFILE/liblucebox.so" ]; then
+  echo "using the carried build/$PROFILE/liblucebox.so (built from this tree)" | tee -a "$S"
+else
+  make build PROFILE="$PROFILE" PY=python3 -j"$(nproc)" >> "$OUT/setup.log" 2>&1 || { tail -40 "$OUT/setup.log"; exit 1; }
+  echo "built in $((SECONDS - start)) s" | tee -a "$S"
+fi
+
+echo "== lucebox run on the GPU (0.8B widths, 4 random layers, --engine cuda)" | tee -a "$S"
+timeout 90 python3 scripts/make_random_08b.py /tmp/r08 --layers 4 --no-gguf >> "$OUT/setup.log" 2>&1 \
+  && timeout 60 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' \
+     run /tmp/r08 --engine cuda --prompt "The capital of France is" --max-tokens 16 --json > "$OUT/run08.json" 2>> "$OUT/setup.log"
+echo "run rc=$?" | tee -a "$S"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("tokens", d["tokens"], "stats", d["stats"])' "$OUT/run08.json" 2>&1 | tee -a "$S"
 
 echo "== random 4-layer model at 27B widths (bench input)" | tee -a "$S"
 BENCH_GGUF=/tmp/random-27b-4l.gguf
