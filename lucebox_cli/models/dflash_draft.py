@@ -20,14 +20,14 @@ the HF or our GGUF form (architecture `dflash-qwen3`, documented in docs/dflash-
 from __future__ import annotations
 
 import json
-import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from lucebox_cli.errors import BadModelFile, LuceboxError, ModelNotFound, UnsupportedModel
+from lucebox_cli.models.dflash_forward import ContextCache, attention, rms_norm, rope_neox, top_k_logprobs, visible
+from lucebox_cli.models.safetensors_io import HFCheckpoint
 
 ARCH = "dflash-qwen3"
 
@@ -311,53 +311,23 @@ def read_hf_config(folder: str | Path) -> DFlashConfig:
         raise BadModelFile(f"{path} is not valid JSON: {e}") from e
 
 
-_ST_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
-
-
 @dataclass(frozen=True)
 class HFTensor:
-    """One checkpoint tensor, not yet read: `load()` memmaps it and returns float32."""
+    """One checkpoint tensor, not yet read: `load()` returns it as float32."""
 
     hf_name: str
-    dtype: str
     shape: tuple[int, ...]
     path: Path
-    begin: int
-    end: int
+    checkpoint: HFCheckpoint = field(repr=False, compare=False)
 
     def load(self) -> np.ndarray:
-        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.begin, shape=(self.end - self.begin,))
-        arr = raw.view(_ST_DTYPES[self.dtype])
-        if self.dtype == "BF16":
-            # bf16 is the top half of an fp32: widening is exact
-            arr = (arr.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        return arr.astype(np.float32, copy=False).reshape(self.shape)
-
-
-def _safetensors_entries(path: Path) -> Iterator[HFTensor]:
-    try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except (OSError, ValueError, struct.error) as e:
-        raise BadModelFile(f"{path} is not a readable safetensors file: {e}") from e
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = info.get("dtype")
-        if dtype not in _ST_DTYPES:
-            raise UnsupportedModel(f"{path.name}: tensor {name} has dtype {dtype} (F32/F16/BF16 only)")
-        begin, end = info["data_offsets"]
-        yield HFTensor(name, dtype, tuple(info["shape"]), path, 8 + n + begin, 8 + n + end)
+        return self.checkpoint.load(self.hf_name).astype(np.float32, copy=False)
 
 
 def hf_tensors(folder: str | Path) -> dict[str, HFTensor]:
     """Every tensor of a z-lab folder by GGUF name, unread."""
-    folder = Path(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelNotFound(f"no .safetensors files in {folder}")
-    return {_gguf_name(t.hf_name): t for f in files for t in _safetensors_entries(f)}
+    ckpt = HFCheckpoint(folder)
+    return {_gguf_name(n): HFTensor(n, ckpt.shape(n), ckpt.path(n), ckpt) for n in ckpt.names}
 
 
 def _gguf_name(hf_name: str) -> str:
@@ -413,91 +383,7 @@ def load_draft(src: str | Path) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
     raise ModelNotFound(f"DFlash draft {src} does not exist")
 
 
-# ---- forward --------------------------------------------------------------------------------
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """Qwen3 RMSNorm: plain x · w (the weight is not centred on zero)."""
-    x = x.astype(np.float32, copy=False)
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps)) * w
-
-
-def rope_neox(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
-    """Rotate-half RoPE over the whole head: x [T, H, D], pos [T]. Angles in fp32, as HF computes them."""
-    d = x.shape[-1]
-    inv_freq = np.float32(1.0) / (np.float32(theta) ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)))
-    ang = pos.astype(np.float32)[:, None] * inv_freq[None, :]
-    cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=-1)[:, None, :]
-    sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=-1)[:, None, :]
-    half = d // 2
-    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rot * sin
-
-
-def visible(q_pos: np.ndarray, k_pos: np.ndarray, causal: bool, window: int | None) -> np.ndarray:
-    """[Tq, Tk] mask by absolute positions, as the reference builds it (its key indices are positions)."""
-    diff = q_pos[:, None] - k_pos[None, :]
-    vis = np.ones(diff.shape, dtype=bool)
-    if causal:
-        vis &= diff >= 0
-    if window is not None:
-        vis &= diff < window
-        if not causal:
-            vis &= -diff < window
-    return vis
-
-
-def attention(q, k, v, mask, scale) -> np.ndarray:
-    """q [T, H, D], k/v [S, Hkv, D], mask [T, S] → [T, H·D]; query head h reads kv head h // (H/Hkv)."""
-    t, h, d = q.shape
-    hkv = k.shape[1]
-    qg = q.reshape(t, hkv, h // hkv, d)
-    s = np.einsum("tgrd,sgd->grts", qg, k) * np.float32(scale)
-    s = np.where(mask, s, -np.inf)
-    s = np.exp(s - s.max(axis=-1, keepdims=True))
-    p = s / s.sum(axis=-1, keepdims=True)
-    return np.einsum("grts,sgd->tgrd", p, v).reshape(t, h * d).astype(np.float32, copy=False)
-
-
-@dataclass
-class _ContextCache:
-    """Per draft layer: K (after k_norm and RoPE) and V of the fused context rows, grown in place."""
-
-    n_layers: int
-    n_kv: int
-    head_dim: int
-    n: int = 0
-    pos: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    k: list = field(default_factory=list)
-    v: list = field(default_factory=list)
-
-    def _reserve(self, need: int) -> None:
-        cap = self.pos.shape[0]
-        if need <= cap:
-            return
-        # doubling keeps appends amortised O(rows) instead of a copy per step
-        new_cap = max(need, 2 * cap, 64)
-        shape = (new_cap, self.n_kv, self.head_dim)
-        for buf in (self.k, self.v):
-            for i in range(self.n_layers):
-                grown = np.empty(shape, dtype=np.float32)
-                if i < len(buf):
-                    grown[: self.n] = buf[i][: self.n]
-                    buf[i] = grown
-                else:
-                    buf.append(grown)
-        pos = np.empty(new_cap, dtype=np.int64)
-        pos[: self.n] = self.pos[: self.n]
-        self.pos = pos
-
-    def append(self, pos: np.ndarray, ks: list, vs: list) -> None:
-        m = pos.shape[0]
-        self._reserve(self.n + m)
-        self.pos[self.n : self.n + m] = pos
-        for i in range(self.n_layers):
-            self.k[i][self.n : self.n + m] = ks[i]
-            self.v[i][self.n : self.n + m] = vs[i]
-        self.n += m
+# ---- forward (its numpy pieces: models/dflash_forward.py) ----
 
 
 class DFlashDraft:
@@ -533,7 +419,7 @@ class DFlashDraft:
 
     def reset(self) -> None:
         c = self.config
-        self._ctx = _ContextCache(c.n_layers, c.n_kv_heads, c.head_dim)
+        self._ctx = ContextCache(c.n_layers, c.n_kv_heads, c.head_dim)
 
     def truncate(self, n: int) -> None:
         """Drop context rows past the first n (rows live in the buffers until overwritten)."""
@@ -623,19 +509,3 @@ class DFlashDraft:
     def propose(self, bonus_token: int, top_k: int, pos0: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-K log-probs [L, K] (descending) and ids [L, K] per masked position, L = block_size − 1."""
         return top_k_logprobs(self.forward_block(bonus_token, pos0), top_k)
-
-
-def top_k_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: the k best log-softmax values, descending; equal logits go to the lower token id."""
-    logits = np.asarray(logits, dtype=np.float32)
-    n_rows, vocab = logits.shape
-    k = min(k, vocab)
-    m = logits.max(axis=-1, keepdims=True)
-    logprobs = logits - (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))
-    # the k-th largest value per row; every token tied with it competes for the last places by id
-    kth = -np.partition(-logprobs, k - 1, axis=-1)[:, k - 1]
-    ids = np.empty((n_rows, k), dtype=np.int64)
-    for r in range(n_rows):
-        cand = np.flatnonzero(logprobs[r] >= kth[r])
-        ids[r] = cand[np.lexsort((cand, -logprobs[r, cand]))[:k]]
-    return np.take_along_axis(logprobs, ids, axis=-1), ids
