@@ -16,12 +16,8 @@ the snapshot only after its size and hash match what the hub advertised.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import logging
 import os
 import re
-import shutil
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,17 +25,12 @@ from typing import Any
 
 from lucebox_cli import __version__
 from lucebox_cli.errors import DownloadError, ModelNotFound
+from lucebox_cli.hub_transfer import HubTransport, check_space, link, size_on_disk, stream_to, verify
 from lucebox_cli.registry import ModelSpec, RepoFiles
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.")
-_HASH_BLOCK = 8 << 20
-# Attempts in a row that bring no new bytes before giving up on a file.
-_MAX_STALLED_ATTEMPTS = 4
-# Transient answers worth retrying mid-download (rate limits, CDN hiccups); others fail at once.
-_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- environment (call time)
@@ -412,140 +403,20 @@ def plan(spec: ModelSpec, include: list[str] | None = None, offline: bool | None
     return files
 
 
-# ----------------------------------------------------------------------------- transfer
+# ----------------------------------------------------------------------------- download (the bytes: hub_transfer.py)
 
 
-def _file_hash(path: Path, file: PlannedFile) -> tuple[str, str]:
-    """(kind, hex digest) comparable with the hub's: sha256 for LFS files, git blob sha1 otherwise."""
-    if file.sha256:
-        h = hashlib.sha256()
-    else:
-        h = hashlib.sha1()
-        h.update(b"blob %d\0" % path.stat().st_size)
-    with path.open("rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            h.update(block)
-    return ("sha256" if file.sha256 else "git-sha1"), h.hexdigest()
-
-
-def _verify(path: Path, file: PlannedFile) -> None:
-    """Raise DownloadError (and delete the partial blob) unless size and hash match the hub's."""
-    size = path.stat().st_size
-    if size != file.size:
-        path.unlink(missing_ok=True)
-        raise DownloadError(
-            f"{file.repo_id}/{file.path}: got {size} bytes, the hub advertised {file.size}",
-            hint="rerun `lucebox pull`; the partial file was removed",
-        )
-    expected = file.sha256 or file.blob_id
-    if not expected or (not file.sha256 and not re.fullmatch(r"[0-9a-f]{40}", expected)):
-        return
-    kind, digest = _file_hash(path, file)
-    if digest != expected:
-        path.unlink(missing_ok=True)
-        raise DownloadError(
-            f"checksum mismatch for {file.repo_id}/{file.path}: {kind} {digest[:12]}… != hub {expected[:12]}…",
-            hint="the corrupt download was removed; rerun `lucebox pull` (check proxies or HF_ENDPOINT mirrors)",
-        )
-
-
-def _get_once(
-    url: str, dest: Path, have: int, size: int, headers: dict[str, str], on_bytes: Callable[[int], None]
-) -> None:
-    """One GET appending to `dest` from byte `have` (Range when > 0); partial data stays on disk."""
-    from huggingface_hub.utils import get_session, hf_raise_for_status
-
-    req = dict(headers)
-    if have:
-        req["Range"] = f"bytes={have}-"
-    with get_session().stream("GET", url, headers=req, timeout=_download_timeout()) as resp:
-        if have and resp.status_code == 416:
-            # Our partial file is not a prefix the server recognises: start over.
-            dest.unlink(missing_ok=True)
-            return
-        hf_raise_for_status(resp)
-        if have and resp.status_code == 206:
-            content_range = resp.headers.get("Content-Range", "")
-            if not content_range.startswith(f"bytes {have}-"):
-                dest.unlink(missing_ok=True)
-                raise DownloadError(f"server answered Range bytes={have}- with {content_range!r}", hint="rerun")
-            mode = "ab"
-        else:
-            # A 200 to a Range request is the whole file: drop what we had.
-            mode, have = "wb", 0
-        with dest.open(mode) as out:
-            for chunk in resp.iter_bytes():
-                out.write(chunk)
-                have += len(chunk)
-                if have > size:
-                    break
-                on_bytes(have)
-    if have > size:
-        dest.unlink(missing_ok=True)
-        raise DownloadError(f"{url}: the server sent more than the advertised {size} bytes", hint="rerun later")
-
-
-def _size_on_disk(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
-
-
-def _stream_to(url: str, dest: Path, file: PlannedFile, headers: dict[str, str], progress: ProgressFn | None) -> None:
-    """Bring `dest` to file.size bytes, resuming after cuts; gives up after repeated attempts with no progress."""
+def _transport() -> HubTransport:
     import httpx2
     from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.utils import get_session, hf_raise_for_status
 
-    what = f"{file.repo_id}/{file.path}"
-    stalled = 0
-    while True:
-        have = _size_on_disk(dest)
-        if progress:
-            progress(file, have)
-        if have == file.size and dest.exists():
-            return
-        if have:
-            _log.info("resuming %s at byte %d of %d", what, have, file.size)
-        try:
-            _get_once(url, dest, have, file.size, headers, lambda n: progress(file, n) if progress else None)
-            failure: Exception | None = None
-        except HfHubHTTPError as err:
-            status = err.response.status_code if err.response is not None else None
-            if status not in _RETRY_STATUS:
-                raise _hub_error(err, what) from err
-            failure = err
-        except httpx2.TransportError as err:
-            failure = err
-        # A cut after new bytes retries at once; attempts that bring nothing back off, then give up.
-        stalled = 0 if _size_on_disk(dest) > have else stalled + 1
-        if stalled >= _MAX_STALLED_ATTEMPTS:
-            if failure is not None:
-                raise _hub_error(failure, what) from failure
-            raise DownloadError(f"{what}: the server keeps sending no data", hint="rerun later; downloads resume")
-        if failure is not None:
-            _log.warning("transfer of %s interrupted (%s); retrying", what, type(failure).__name__)
-            time.sleep(0.5 * stalled * stalled)
+    return HubTransport(session=get_session, raise_for_status=hf_raise_for_status, http_error=HfHubHTTPError,
+                        transport_error=httpx2.TransportError, map_error=_hub_error, timeout=_download_timeout)
 
 
-def _check_space(folder: Path, needed: int, what: str) -> None:
-    free = shutil.disk_usage(folder).free
-    if needed > free:
-        raise DownloadError(
-            f"not enough disk space for {what}: {needed / 1e9:.1f} GB needed, {free / 1e9:.1f} GB free in {folder}",
-            hint="free some space, or point HF_HUB_CACHE (or HF_HOME) at a bigger disk",
-        )
-
-
-def _link(blob: Path, pointer: Path) -> None:
-    pointer.parent.mkdir(parents=True, exist_ok=True)
-    if pointer.is_symlink() or pointer.exists():
-        pointer.unlink()
-    try:
-        pointer.symlink_to(os.path.relpath(blob, pointer.parent))
-    except OSError:
-        # Filesystems without symlinks get a copy, as huggingface_hub does.
-        shutil.copy2(blob, pointer)
-
-
-def _fetch(file: PlannedFile, cache: Path, headers: dict[str, str], progress: ProgressFn | None) -> Path:
+def _fetch(file: PlannedFile, cache: Path, headers: dict[str, str], progress: ProgressFn | None,
+           transport: HubTransport) -> Path:
     """Download one file into the cache (blob + snapshot link) unless already there; returns the link."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import WeakFileLock
@@ -568,11 +439,11 @@ def _fetch(file: PlannedFile, cache: Path, headers: dict[str, str], progress: Pr
         if not blob.is_file():
             url = hf_hub_url(file.repo_id, file.path, revision=file.revision, endpoint=endpoint())
             partial = blob.with_name(etag + ".incomplete")
-            _check_space(blob.parent, file.size - _size_on_disk(partial), f"{file.repo_id}/{file.path}")
-            _stream_to(url, partial, file, headers, progress)
-            _verify(partial, file)
+            check_space(blob.parent, file.size - size_on_disk(partial), f"{file.repo_id}/{file.path}")
+            stream_to(url, partial, file, headers, progress, transport)
+            verify(partial, file)
             os.replace(partial, blob)
-        _link(blob, pointer)
+        link(blob, pointer)
     return pointer
 
 
@@ -604,6 +475,7 @@ def download(
     headers = build_hf_headers(
         token=_token(), library_name="lucebox", library_version=__version__, headers={"Accept-Encoding": "identity"}
     )
+    transport = _transport()
     repos: list[RepoResult] = []
     pulled: list[PulledFile] = []
     for repo_id, revision, rfs in _groups(spec):
@@ -611,7 +483,7 @@ def download(
         if not files:
             continue
         for f in files:
-            pointer = _fetch(f, cache, headers, progress)
+            pointer = _fetch(f, cache, headers, progress, transport)
             if progress:
                 progress(f, f.size)
             pulled.append(PulledFile(f.repo_id, f.path, f.size, pointer, f.role, f.sha256))
