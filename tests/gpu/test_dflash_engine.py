@@ -110,7 +110,7 @@ def test_host_repack_matches_device():
     cases = [n for n in ("output.weight", "blk.3.ffn_down.weight") if m.tensor_info(n).ggml_type == "Q6_K"]
     rng = np.random.default_rng(0)
     q8 = rng.integers(0, 256, (300 * 256 // 32, 34), dtype=np.uint8)
-    q8[:, 0:2] = np.float16(0.01).view(np.uint8)
+    q8[:, 0:2] = np.array([0.01], dtype=np.float16).view(np.uint8)
     entries = [(Entry(n, "Q6_K", m.tensor_info(n).shape, m.tensor_info(n).nbytes, 0), m.raw(n)) for n in cases]
     entries.append((Entry("q8", "Q8_0", (300, 256), q8.size, 0), q8.reshape(-1)))
     assert cases, "the tiny Q4_K_M file should hold Q6_K tensors"
