@@ -15,7 +15,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -44,10 +44,13 @@ class LoadedModel:
     path: Path  # HF checkpoint folder or .gguf file
     format: str  # "safetensors" | "gguf"
     cfg: Qwen35Config
-    weights: dict[str, np.ndarray]
+    # GGUF name -> float32. For a .gguf file a read-only gguf_io.LazyWeights: a lookup dequantizes that
+    # tensor (nothing is dequantized at load); shapes and sizes come from its tensor infos.
+    weights: Mapping[str, np.ndarray]
     tokenizer: Any = None  # lucebox_cli.tokenizer.Tokenizer, or None when the model ships none
     eos_ids: tuple[int, ...] = ()
     draft_path: Optional[Path] = None  # the registry's draft for this alias, when cached
+    gguf: Any = None  # the open gguf_io.GGUFModel of a .gguf target: the 27B engine reads its blocks directly
 
 
 @dataclass
@@ -114,20 +117,21 @@ def _load_hf(name: str, folder: Path) -> LoadedModel:
 
 
 def _load_gguf(name: str, path: Path) -> LoadedModel:
-    from lucebox_cli.gguf_io import GGUFModel
+    """Header, config and tokenizer only: tensors stay in the memory map until an engine reads them."""
+    from lucebox_cli.gguf_io import GGUFModel, LazyWeights
 
     gguf = GGUFModel(path)
     embd = gguf.tensor_info("token_embd.weight")
     cfg = Qwen35Config.from_gguf_metadata(gguf.metadata, vocab=embd.shape[0], tied="output.weight" not in gguf)
-    weights = {n: gguf.dequant(n) for n in gguf.tensor_names}
-    check_weights(cfg, weights, source=str(path))
+    weights = LazyWeights(gguf)
+    check_weights(cfg, weights, source=str(path))  # from the tensor infos
     tokenizer = None
     if "tokenizer.ggml.tokens" in gguf.metadata:
         from lucebox_cli.tokenizer import Tokenizer
 
         tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
     declared = _as_ids(gguf.get("tokenizer.ggml.eos_token_id")) + _as_ids(gguf.get("tokenizer.ggml.eot_token_id"))
-    return LoadedModel(name, path, "gguf", cfg, weights, tokenizer, _eos_ids(declared, tokenizer))
+    return LoadedModel(name, path, "gguf", cfg, weights, tokenizer, _eos_ids(declared, tokenizer), gguf=gguf)
 
 
 def _hf_tokenizer(folder: Path):
@@ -193,7 +197,7 @@ def _open_cuda(cfg: RunConfig, model: LoadedModel, tap_layers: Sequence[int]):
                                     hint="use --spec none, or --engine cpu")
         from lucebox_cli.engines.dflash import DFlashTargetEngine
 
-        return DFlashTargetEngine(model.path, profile=cfg.profile, max_context=cfg.max_context, budget=cfg.budget,
+        return DFlashTargetEngine(model.gguf or model.path, profile=cfg.profile, max_context=cfg.max_context, budget=cfg.budget,
                                   tap_layers=tap_layers)
     if cfg.spec != "none" or tap_layers:
         raise EngineUnavailable(
@@ -285,10 +289,12 @@ def draft_setup_for(cfg: RunConfig, model: LoadedModel):
     from lucebox_cli.models.dflash_draft import DFlashDraft, load_draft
 
     dcfg, dweights = load_draft(source)
-    head = model.weights["token_embd.weight" if model.cfg.tied else "output.weight"]
+    # one lookup each: a GGUF's lazy weights dequantize on every lookup
+    embd = model.weights["token_embd.weight"]
+    head = embd if model.cfg.tied else model.weights["output.weight"]
 
     def make(engine):
-        draft = DFlashDraft(dcfg, dweights, model.weights["token_embd.weight"], head)
+        draft = DFlashDraft(dcfg, dweights, embd, head)
         return DFlashDraftAdapter(draft, label=f"dflash:{Path(source).name}")
 
     return tuple(int(i) for i in dcfg.target_layer_ids), make

@@ -126,6 +126,18 @@ def make_verify(engine: Any, prompt: list[int], n: int, vocab: int, steps: int =
     return once, timing
 
 
+def weight_sizes(weights: Any) -> tuple[int, int]:
+    """(parameters, stored bytes) of a model's weights. A GGUF's lazy mapping answers from its tensor infos
+    (the file's block bytes; nothing is dequantized); an in-memory dict from its arrays."""
+    infos = getattr(weights, "infos", None)
+    if infos is not None:
+        tensors = [(i.shape, i.nbytes) for i in infos()]
+    else:
+        tensors = [(w.shape, w.nbytes) for w in weights.values()]
+    return (sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in tensors),
+            sum(int(nbytes) for _, nbytes in tensors))
+
+
 def bytes_per_token(cfg: Any, weight_bytes: int, context: float) -> float:
     """Bytes one decode step must move: weights, DeltaNet state read + written (fp32), KV rows read (bf16)."""
     n_attn = sum(1 for i in range(cfg.n_layers) if cfg.is_attention(i))
@@ -144,8 +156,8 @@ def speed_rows(model: Any, engine: Any, *, profile: Any, n_prompt: int, n_gen: i
     cfg = model.cfg
     meter = EnergyMeter() if energy and engine.name != "cpu" else None
     info = getattr(engine, "info", None) or {}
-    params = sum(int(np.prod(w.shape)) for w in model.weights.values())
-    weight_bytes = int(info.get("weight_bytes") or sum(w.nbytes for w in model.weights.values()))
+    params, stored_bytes = weight_sizes(model.weights)
+    weight_bytes = int(info.get("weight_bytes") or stored_bytes)
     prompt = _prompt(max(n_prompt, 1), cfg.vocab)
     hw = profile.hardware if profile is not None else None
     tests = []

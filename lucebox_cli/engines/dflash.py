@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from lucebox_cli.engines.dflash_layers import AttnLayer, Buffers, GdnLayer, Laye
 from lucebox_cli.engines.dflash_upload import EmbeddingRows, arena_bytes, iter_device_tensors, upload_plan
 from lucebox_cli.engines.gdn_tree_plan import save_plan
 from lucebox_cli.errors import EngineUnavailable, LuceboxError, UsageError
+
+if TYPE_CHECKING:
+    from lucebox_cli.gguf_io import GGUFModel
 
 CHUNK = mp.CHUNK
 F32 = 4
@@ -76,13 +79,14 @@ class DFlashTargetEngine:
 
     name = "cuda"
 
-    def __init__(self, gguf_path: str | Path, *, profile: Optional[str] = None, max_context: int = 4096,
+    def __init__(self, gguf: str | Path | GGUFModel, *, profile: Optional[str] = None, max_context: int = 4096,
                  budget: int = 22, tap_layers: Sequence[int] = (), lib: Any = None, prof: Any = None,
                  card_bytes: Optional[int] = None):
         from lucebox_cli.gguf_io import GGUFModel
         from lucebox_cli.models.qwen35_gguf import read_model_config
 
-        self.model = GGUFModel(gguf_path)
+        # a path, or an already open GGUFModel (api.load_model's): blocks are read from its memory map
+        self.model = gguf if isinstance(gguf, GGUFModel) else GGUFModel(gguf)
         self.cfg = cfg = read_model_config(self.model)
         self.tap_layers = tuple(int(t) for t in tap_layers)
         if any(not 0 <= t < cfg.n_layers for t in self.tap_layers):

@@ -132,17 +132,9 @@ class EmbeddingRows:
     """float32 rows of token_embd for given token ids, dequantized on the host from the memory map."""
 
     def __init__(self, model: Any, cfg: Qwen35Config):
-        info = model.require("token_embd.weight", (cfg.vocab, cfg.hidden))
-        self.ggml_type = info.ggml_type
-        self.hidden = cfg.hidden
-        self._rows = model.raw("token_embd.weight").reshape(cfg.vocab, -1)
+        model.require("token_embd.weight", (cfg.vocab, cfg.hidden))
+        self.model = model
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
-        rows = self._rows[np.asarray(tokens, dtype=np.int64)]
-        if self.ggml_type == "F32":
-            return np.ascontiguousarray(rows.view(np.float32).reshape(-1, self.hidden))
-        # the gguf package's dequantizer, row by row (gguf_io only offers whole tensors)
-        import gguf
-
-        out = gguf.quants.dequantize(np.ascontiguousarray(rows), gguf.GGMLQuantizationType[self.ggml_type])
-        return np.ascontiguousarray(np.asarray(out, dtype=np.float32).reshape(-1, self.hidden))
+        # only the fed tokens' rows are decoded (gguf_io.GGUFModel.dequant_rows), never the whole table
+        return np.ascontiguousarray(self.model.dequant_rows("token_embd.weight", tokens))

@@ -439,9 +439,14 @@ def load_hf_checkpoint(folder: str | Path) -> tuple[Qwen35Config, dict[str, np.n
 
 
 def check_weights(cfg: Qwen35Config, weights: Mapping[str, np.ndarray], *, source: str = "model") -> None:
-    """Raise BadModelFile naming the first missing tensor or wrong shape."""
+    """Raise BadModelFile naming the first missing tensor or wrong shape.
+
+    A lazy mapping (gguf_io.LazyWeights) is checked through its `shape_of`, so nothing is dequantized.
+    """
+    shape_of = getattr(weights, "shape_of", None) or (lambda name: tuple(weights[name].shape))
     for name, shape in expected_tensors(cfg).items():
         if name not in weights:
             raise BadModelFile(f"{source}: tensor {name} is missing")
-        if tuple(weights[name].shape) != shape:
-            raise BadModelFile(f"{source}: tensor {name} has shape {tuple(weights[name].shape)}, expected {shape}")
+        got = tuple(shape_of(name))
+        if got != shape:
+            raise BadModelFile(f"{source}: tensor {name} has shape {got}, expected {shape}")

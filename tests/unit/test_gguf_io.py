@@ -241,3 +241,57 @@ def test_missing_tensor_and_shape_mismatch(tmp_path):
     assert m.require("w32", (5, 64)).shape == (5, 64)
     with pytest.raises(BadModelFile, match="missing tensor"):
         m.dequant("nope")
+
+
+def _rows_sample(path):
+    """A 7-row, 512-wide tensor of every type dequant_rows must take (2 K-quant blocks per row)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((7, 512)).astype(np.float32)
+    tensors = [("F32", x), ("F16", FloatTensor(x, "F16")), ("BF16", FloatTensor(x, "BF16")),
+               ("Q8_0", QuantTensor("Q8_0", (7, 512), gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)))]
+    for qtype in ("Q4_K", "Q6_K"):
+        _, size = gguf_io.block_geometry(qtype)
+        blocks = rng.integers(0, 256, size=(7 * 2, size), dtype=np.uint8)
+        for off in _FP16_FIELDS[qtype]:
+            blocks[:, off : off + 2] = np.array([0.25], np.float16).view(np.uint8)
+        tensors.append((qtype, QuantTensor(qtype, (7, 512), blocks.reshape(7, 2 * size))))
+    tensors.append(("vec", rng.standard_normal(32).astype(np.float32)))
+    return GGUFModel(write_gguf(path, "qwen35", {}, tensors))
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K"])
+def test_dequant_rows_matches_whole_tensor(tmp_path, qtype):
+    m = _rows_sample(tmp_path / "r.gguf")
+    assert m.tensor_info(qtype).ggml_type == qtype
+    whole = m.dequant(qtype)
+    for rows in ([3], [6, 0, 3, 3], np.array([1, 5], np.int32), []):
+        got = m.dequant_rows(qtype, rows)
+        assert got.dtype == np.float32 and got.shape == (len(rows), 512)
+        np.testing.assert_array_equal(got, whole[np.asarray(rows, np.int64)])
+
+
+def test_dequant_rows_refuses_bad_rows_and_vectors(tmp_path):
+    m = _rows_sample(tmp_path / "r.gguf")
+    with pytest.raises(IndexError, match=r"0\.\.6"):
+        m.dequant_rows("Q4_K", [7])
+    with pytest.raises(IndexError):
+        m.dequant_rows("F16", [-1])
+    with pytest.raises(ValueError, match="2-D"):
+        m.dequant_rows("vec", [0])
+
+
+def test_lazy_weights_dequantize_on_lookup_only(tmp_path, monkeypatch):
+    m = _rows_sample(tmp_path / "r.gguf")
+    calls = []
+    real = GGUFModel.dequant
+    monkeypatch.setattr(GGUFModel, "dequant", lambda self, name: calls.append(name) or real(self, name))
+    w = gguf_io.LazyWeights(m)
+    assert list(w) == m.tensor_names and len(w) == len(m.tensor_names) and "Q6_K" in w and "nope" not in w
+    assert w.shape_of("Q4_K") == (7, 512) and [i.nbytes for i in w.infos()][0] == 7 * 512 * 4
+    assert calls == []
+    np.testing.assert_array_equal(w["Q8_0"], m.dequant("Q8_0"))
+    assert calls == ["Q8_0", "Q8_0"]
+    with pytest.raises(KeyError):
+        w["nope"]
+    with pytest.raises(TypeError):
+        w["F32"] = np.zeros((7, 512), np.float32)  # read-only
