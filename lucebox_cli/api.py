@@ -190,6 +190,12 @@ def _open_cpu(cfg: RunConfig, model: LoadedModel, tap_layers: Sequence[int]):
 
 def _open_cuda(cfg: RunConfig, model: LoadedModel, tap_layers: Sequence[int]):
     """The built GPU engine for this model and run; EngineUnavailable / UnsupportedModel say why not."""
+    from lucebox_cli.engines import _lib
+
+    # No GPU is the first thing to say: shape limits of a CUDA engine are moot on a machine without one.
+    probe = _lib.probe_gpus()
+    if not probe.gpus:
+        raise EngineUnavailable(f"no NVIDIA GPU ({probe.reason})", hint="use --engine cpu, or run on a machine with a GPU")
     if model.format == "gguf" and model.cfg.head_dim == 256 and model.cfg.dk == 128:
         # qwen35 GGUFs at the 27B head sizes: the quantized target engine (engines/dflash.py)
         if cfg.spec != "none":
