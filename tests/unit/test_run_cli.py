@@ -164,3 +164,14 @@ def test_alias_resolves_through_the_local_cache(checkpoint, monkeypatch):
     assert asked and model.path == folder and model.format == "safetensors"
     assert model.tokenizer is not None and model.draft_path is None
     assert model.eos_ids == (model.tokenizer.im_end_id, model.tokenizer.endoftext_id)
+
+
+def test_no_gpu_is_said_before_engine_shape_limits(checkpoint, monkeypatch):
+    # hidden 64 is also outside the megakernel's shapes, but the first reason a user needs is "no GPU".
+    monkeypatch.setenv("LUCEBOX_FORCE_NO_GPU", "1")
+    folder, _ = checkpoint
+    result = run_cli(str(folder), "--prompt-ids", "1", "--engine", "cuda")
+    assert result.exit_code != 0 and "no NVIDIA GPU" in result.stderr, result.stderr
+    auto = run_cli(str(folder), "--prompt-ids", "1", "--max-tokens", "2", "--json")
+    assert auto.exit_code == 0, auto.stderr
+    assert "no NVIDIA GPU" in json.loads(auto.stdout)["stats"]["note"]
