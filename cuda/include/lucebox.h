@@ -366,6 +366,14 @@ LB_API int lb_df_copy(void* dst, const void* src, uint64_t nbytes, void* stream)
  * row n_past + path[j] for j = 0..n-1 in order (path: device int32, the accepted slots, root first). */
 LB_API int lb_df_kv_compact(void* cache, const void* path, int n, int n_past, int heads, int max_ctx, int row,
                             void* stream);
+/* ---- argmax / top-K over logits rows (cuda/dflash/df_argmax.cu) ------------------------------------
+ * ids[r, 0..k) (int32) = the k best columns of row r of x [rows, ld] fp32, best first; vals (optional,
+ * may be null) their values. Order: NaN above every number, then larger value; ties (equal values, or
+ * two NaNs) to the lower column, so k = 1 equals np.argmax. 1 <= k <= 8, k <= cols, rows <= 65535.
+ * scratch: lb_df_topk_scratch_bytes(rows, cols, k) bytes, reused by the next call. */
+LB_API uint64_t lb_df_topk_scratch_bytes(int rows, int cols, int k);
+LB_API int lb_df_topk(const void* x, int rows, int cols, int ld, int k, void* scratch, void* ids, void* vals,
+                      void* stream);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from lucebox_cli.bench.energy import EnergyMeter, joules_between
+from lucebox_cli.engines.base import greedy_step, greedy_verify
 
 MIN_ENERGY_S = 1.0
 
@@ -86,7 +87,7 @@ def make_tg(engine: Any, prompt: list[int], n_gen: int, meter: Optional[EnergyMe
         else:
             tok = int(np.argmax(logits))
             for _ in range(n_gen):
-                tok = int(np.argmax(engine.step(tok)))
+                tok = greedy_step(engine, tok)
         dt = time.perf_counter() - t0
         return dt, n_gen, joules_between(e0, _energy(meter))
 
@@ -105,7 +106,8 @@ def verify_tree(n: int, vocab: int, seed: int = 0) -> Any:
 
 def make_verify(engine: Any, prompt: list[int], n: int, vocab: int, steps: int = 8):
     """One n-slot verify on top of the prompt, timed; `ar_ms` (set as a side effect) is one decode step's
-    time measured right before, so the row can state the verify in AR-step units."""
+    time measured right before, so the row can state the verify in AR-step units. Both are the greedy
+    calls (base.greedy_step / greedy_verify: argmax ids only, as the spec loop at T = 0 makes them)."""
     tree = verify_tree(n, vocab)
     timing: dict[str, float] = {}
 
@@ -115,10 +117,10 @@ def make_verify(engine: Any, prompt: list[int], n: int, vocab: int, steps: int =
         tok = int(np.argmax(logits))
         t0 = time.perf_counter()
         for _ in range(steps):
-            tok = int(np.argmax(engine.step(tok)))
+            tok = greedy_step(engine, tok)
         timing["ar_ms"] = (time.perf_counter() - t0) / steps * 1e3
         t0 = time.perf_counter()
-        engine.verify(tree)
+        greedy_verify(engine, tree)
         dt = time.perf_counter() - t0
         timing["verify_ms"] = dt * 1e3
         return dt, n, None

@@ -183,6 +183,8 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_df_swiglu": (c_int, [ctypes.c_void_p] * 3 + [c_uint64, ctypes.c_void_p]),
     "lb_df_copy": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     "lb_df_kv_compact": (c_int, [ctypes.c_void_p, ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),
+    "lb_df_topk_scratch_bytes": (c_uint64, [c_int, c_int, c_int]),
+    "lb_df_topk": (c_int, [ctypes.c_void_p, c_int, c_int, c_int, c_int] + [ctypes.c_void_p] * 4),
 }
 
 

@@ -7,7 +7,7 @@ and bench talk to engines only through this protocol.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -130,3 +130,26 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release device memory and handles."""
         ...
+
+
+# ---- greedy entry points ---------------------------------------------------------------------------
+# An engine may also offer step_argmax(token_id) -> int and verify_argmax(tree) -> VerifyResult (logits
+# None): the greedy answers without copying logits to the host (engines/dflash.py computes them on the
+# device). Callers that only need argmax (the spec loop at T = 0, `bench speed`) go through these two
+# functions, which fall back to step() / verify() for engines without them; the ids are the same.
+
+
+def greedy_step(engine: Engine, token_id: int) -> int:
+    """One decode step; the argmax of its logits (first maximum, NaN wins: np.argmax)."""
+    fn = getattr(engine, "step_argmax", None)
+    return int(fn(token_id)) if fn is not None else int(np.argmax(engine.step(token_id)))
+
+
+def greedy_verify(engine: Engine, tree: Tree) -> VerifyResult:
+    """verify(tree) for a greedy walk: argmax per slot; logits may be None."""
+    fn = getattr(engine, "verify_argmax", None)
+    return fn(tree) if fn is not None else engine.verify(tree)
+
+
+def verify_without_logits(result: VerifyResult) -> VerifyResult:
+    return replace(result, logits=None)

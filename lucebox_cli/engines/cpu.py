@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult
+from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult, verify_without_logits
 from lucebox_cli.errors import EngineUnavailable, UsageError
 from lucebox_cli.models.qwen35 import Qwen35Config, check_weights
 
@@ -256,6 +256,14 @@ class CPUEngine:
         x = self._append(tokens, _Batch("recurrent", np.array([self._n_past]), np.ones((1, 1), dtype=bool)))
         self.stats.decode_steps += 1
         return self._logits(x)[0]
+
+    def step_argmax(self, token_id: int) -> int:
+        """Greedy step (base.greedy_step): the argmax of step()'s logits."""
+        return int(np.argmax(self.step(token_id)))
+
+    def verify_argmax(self, tree: Tree) -> VerifyResult:
+        """Greedy verify (base.greedy_verify): verify() without the logits."""
+        return verify_without_logits(self.verify(tree))
 
     def verify(self, tree: Tree) -> VerifyResult:
         tokens = self._tokens(tree.tokens)

@@ -3,6 +3,13 @@
     eng = DFlashTargetEngine("model.gguf", max_context=16384, budget=22, tap_layers=(1, 16, 31, 46, 61))
     logits = eng.prefill(ids); logits = eng.step(tok)
     res = eng.verify(tree); eng.commit(path)
+    tok = eng.step_argmax(tok); res = eng.verify(tree, want_logits=False)  # greedy: ids only
+
+Logits stay on the device unless the caller asks for them: step() / prefill() / verify() return host
+logits as the Engine protocol says, while the greedy entry points (step_argmax, verify_argmax, or
+verify(tree, want_logits=False); spec/loop.py and `bench speed` use them at T = 0 through
+base.greedy_step / base.greedy_verify) run lb_df_topk on the device and copy back only int32 ids,
+with VerifyResult.logits = None. Ties go to the lower id and NaN wins, exactly as np.argmax.
 
 The memory plan (engines/memory_plan.py) is checked against the card before anything is allocated.
 Weights are uploaded tensor by tensor from the memory-mapped GGUF into one arena (Q6_K / Q8_0 repacked
@@ -12,7 +19,7 @@ lb_dev_* copies order themselves after the kernels.
 
 What is not built yet, said rather than hidden: prefill runs in chunks of 64 rows through the small-N
 quantized GEMM (the tensor-core GEMM for quantized weights does not exist yet), logits come back to
-the host for every row that needs them, captured tap features are kept on the host (`features`,
+the host for every row a sampling (T > 0) caller needs, captured tap features are kept on the host (`features`,
 `last_verify_features`, as engines/cpu.py keeps them), and there are no CUDA graphs.
 """
 
@@ -140,7 +147,7 @@ class DFlashTargetEngine:
         self._scratch = [(ptr[b.name], b.nbytes) for b in blist if b.scratch]
         self._state = [(ptr[b.name], b.nbytes) for b in blist if b.category in ("deltanet_state", "conv_state")]
         bufs = Buffers(**{k: ptr[k] for k in ("x", "h", "proj", "act", "qf", "gdn_scratch", "tree_q", "tree_o",
-                                              "saves", "partials", "logits", "parents", "positions", "masks", "path")})
+                                              "saves", "partials", "logits", "topk_scratch", "topk_ids", "parents", "positions", "masks", "path")})
         for i in range(cfg.n_layers):
             if cfg.is_attention(i):
                 bufs.attn[i] = AttnLayer(ptr[f"k_cache.{i}"], ptr[f"v_cache.{i}"])
@@ -220,8 +227,26 @@ class DFlashTargetEngine:
         self.stats.committed = self._n_past
         return self._logits(0, 1)[0]
 
-    def verify(self, tree: Tree) -> VerifyResult:
-        """All slots in one pass (small-N projections, DeltaNet along parents, attention under the mask)."""
+    def step_argmax(self, token_id: int) -> int:
+        """One decode step, greedy: the next token id (argmax on the device; no logits copied)."""
+        tokens = self._tokens([token_id])
+        self._check_room(1)
+        self._pending, self.last_verify_features = None, None
+        self._forward(tokens, Pass("step", 1, self._n_past), keep=True)
+        self._n_past += 1
+        self.stats.decode_steps += 1
+        self.stats.committed = self._n_past
+        return int(self._topk(0, 1, 1)[0, 0])
+
+    def verify_argmax(self, tree: Tree) -> VerifyResult:
+        """verify(tree, want_logits=False): argmax per slot computed on the device, logits None."""
+        return self.verify(tree, want_logits=False)
+
+    def verify(self, tree: Tree, *, want_logits: bool = True) -> VerifyResult:
+        """All slots in one pass (small-N projections, DeltaNet along parents, attention under the mask).
+
+        want_logits=False (greedy callers) leaves the [N, V] logits on the device and returns only the
+        argmax ids (VerifyResult.logits None)."""
         tokens = self._tokens(tree.tokens)
         n = tree.size
         if n > self.budget + 1:
@@ -232,11 +257,15 @@ class DFlashTargetEngine:
         max_saves = self._upload_tree(tree)
         self._pending = None
         self.last_verify_features = self._forward(tokens, Pass("tree", n, self._n_past, max_saves), keep=False)
-        logits = self._logits(0, n)
+        if want_logits:
+            logits = self._logits(0, n)
+            argmax = np.argmax(logits, axis=-1).astype(np.int64)
+        else:
+            logits, argmax = None, self._topk(0, n, 1)[:, 0]
         self._pending = tree
         self.last_verify_ms = (time.perf_counter() - t0) * 1e3
         self.stats.verify_calls += 1
-        return VerifyResult(argmax=np.argmax(logits, axis=-1).astype(np.int64), logits=logits)
+        return VerifyResult(argmax=argmax, logits=logits)
 
     def commit(self, accepted_slots: Sequence[int]) -> None:
         path = self._check_path(accepted_slots)
@@ -315,6 +344,19 @@ class DFlashTargetEngine:
     def _logits(self, row0: int, n: int) -> np.ndarray:
         self._layers.head(row0, n)
         return self._d2h(self._bufs.logits, np.float32, (n, self.cfg.vocab))
+
+    def _topk(self, row0: int, n: int, k: int) -> np.ndarray:
+        """[n, k] int64: the LM head of rows row0.. on the device, then its k best ids per row, best first."""
+        self._layers.head(row0, n)
+        return self.device_topk(n, k)
+
+    def device_topk(self, n: int, k: int) -> np.ndarray:
+        """[n, k] int64 top-k ids (k <= 8) of the first n rows already in the device logits buffer (the last
+        call's; tests compare it with that call's host logits, the draft will read top-K from here)."""
+        if not 1 <= n <= CHUNK or not 1 <= k <= mp.TOPK_MAX_K:
+            raise UsageError(f"device top-k takes 1..{CHUNK} rows and k in 1..{mp.TOPK_MAX_K}")
+        self._layers.topk(n, k)
+        return self._d2h(self._bufs.topk_ids, np.int32, (n, k)).astype(np.int64)
 
 
 def tree_mask_bits(tree: Tree) -> np.ndarray:

@@ -70,6 +70,8 @@ class Buffers:
     saves: int
     partials: int
     logits: int  # [CHUNK, vocab]
+    topk_scratch: int  # lb_df_topk scratch for CHUNK rows, k <= 8
+    topk_ids: int  # int32 [CHUNK, 8]
     parents: int  # int32 [CHUNK]
     positions: int  # int32 [CHUNK]
     masks: int  # uint64 [CHUNK]
@@ -186,6 +188,11 @@ class Layers:
         self.lib.call("lb_df_rmsnorm", b.x + row0 * self.cfg.hidden * F32, self.v["output_norm.weight"], b.h, n,
                       self.cfg.hidden, self.cfg.eps, None)
         self.matmul(head, b.h, b.logits, n)
+
+    def topk(self, n: int, k: int) -> None:
+        """topk_ids[0..n, 0..k) = the k best columns of logits rows 0..n (lb_df_topk; k = 1: argmax)."""
+        b, v = self.b, self.cfg.vocab
+        self.lib.call("lb_df_topk", b.logits, n, v, v, k, b.topk_scratch, b.topk_ids, None, None)
 
     def commit(self, n: int, n_past: int) -> None:
         """Fold the accepted path (already in b.path, n slots) into states, conv windows and KV rows."""

@@ -159,6 +159,15 @@ def attn_partials(tq: int, n_heads: int, max_splits: int) -> int:
     return max_splits * tq * n_heads * (HEAD_DIM + 2) * 4 if max_splits > 1 else 0
 
 
+TOPK_MAX_K = 8  # lb_df_topk's largest k
+
+
+def topk_scratch(rows: int, cols: int, k: int) -> int:
+    """lb_df_topk_scratch_bytes (cuda/dflash/df_argmax.cu): k (value, column) pairs per column block."""
+    col_blocks = min(-(-cols // 2048), 128)
+    return rows * col_blocks * k * 8 if rows >= 1 and cols >= 1 and k >= 1 else 0
+
+
 @dataclass(frozen=True)
 class Buffer:
     """One device buffer of the target engine: plan category, name, bytes (256-aligned), and whether
@@ -201,6 +210,8 @@ def buffer_list(cfg: Qwen35Config, *, context: int, budget: int) -> list[Buffer]
     add("attn_partials", "partials", max(attn_partials(1, cfg.n_heads, ATTN_SPLITS_ONE),
                                          attn_partials(rows, cfg.n_heads, ATTN_SPLITS_MANY), 4), True)
     add("logits", "logits", rows * cfg.vocab * 4, True)
+    add("argmax", "topk_scratch", topk_scratch(rows, cfg.vocab, TOPK_MAX_K), True)
+    add("argmax", "topk_ids", rows * TOPK_MAX_K * 4, True)
     for name in ("parents", "positions", "masks", "path"):
         add("tree_index", name, CHUNK * 8, False)
     return out
@@ -277,6 +288,7 @@ def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, b
         PlanItem("tree saves", buf["tree_saves"], "fp32 states at branch points"),
         PlanItem("attention partials", buf["attn_partials"], "split-KV"),
         PlanItem("logits", buf["logits"], f"{CHUNK} x vocab fp32"),
+        PlanItem("logits argmax", buf["argmax"], "device argmax / top-8 ids and their scratch"),
         PlanItem("tree index", buf["tree_index"], "parents, positions, masks, path"),
     ]
     if draft is not None:

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from lucebox_cli.config import RunConfig
-from lucebox_cli.engines.base import Engine, Tree
+from lucebox_cli.engines.base import Engine, Tree, greedy_step, greedy_verify
 from lucebox_cli.errors import UsageError
 from lucebox_cli.spec.accept import Accepted, greedy_walk, sampled_walk
 from lucebox_cli.spec.chain import build_chain
@@ -93,6 +93,16 @@ class _Sampler:
     def pick(self, logits: np.ndarray) -> int:
         c = self.cfg
         return sample(logits, c.temperature, c.top_k, c.top_p, rng=self.rng)
+
+    def step(self, engine: Engine, token: int) -> int:
+        """A plain decode step and its pick; at T = 0 only the argmax is asked for (no host logits)."""
+        if self.greedy:
+            return greedy_step(engine, token)
+        return self.pick(engine.step(token))
+
+    def verify(self, engine: Engine, tree: Tree):
+        """The tree's target output; at T = 0 the argmax per slot suffices (logits may stay on the device)."""
+        return greedy_verify(engine, tree) if self.greedy else engine.verify(tree)
 
     def walk(self, tree: Tree, verified) -> Accepted:
         if self.greedy:
@@ -197,9 +207,9 @@ def _context_full(engine: Engine, cfg: RunConfig, emitter: _Emitter) -> bool:
 def _plain_steps(engine: Engine, cfg: RunConfig, emitter: _Emitter, sampler: _Sampler) -> int:
     steps = 0
     while not _context_full(engine, cfg, emitter):
-        logits = engine.step(emitter.tokens[-1])
+        token = sampler.step(engine, emitter.tokens[-1])
         steps += 1
-        if emitter.emit(sampler.pick(logits)):
+        if emitter.emit(token):
             break
     return steps
 
@@ -230,7 +240,7 @@ def _spec_steps(engine: Engine, draft: Draft, cfg: RunConfig, prompt: list[int],
         t0 = time.perf_counter()
         dtree = _build_tree(draft, engine, cfg, committed, bonus, max_depth)
         t1 = time.perf_counter()
-        verified = engine.verify(dtree.tree)
+        verified = sampler.verify(engine, dtree.tree)
         t2 = time.perf_counter()
         acc = sampler.walk(dtree.tree, verified)
         t3 = time.perf_counter()

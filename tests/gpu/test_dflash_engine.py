@@ -4,12 +4,15 @@ Tiny Q4_K_M GGUFs at the ops' head sizes (tests/unit/dflash_tiny.py: hidden 256,
 4 and 8 layers; made here, or taken from $LUCEBOX_DFLASH_GGUF_DIR / .gl/dflash when carried): prefill
 logits (relative RMS < 1e-2: fp16 activations into the quantized GEMMs, f16 K/V), 32 greedy AR tokens
 identical, verify(tree) logits on branched trees, commit then step, all with scratch NaN-poisoned
-before every call; the host repack equals lb_quant_repack; the memory plan's copies of the ops'
+before every call; the greedy entry points (step_argmax, verify_argmax: argmax on the device, ids only)
+give the same tokens; lb_df_topk equals np.argmax / a stable top-8 on rows with ties, NaN and -inf
+(N = 1, 23, 64, at the tiny and the 27B vocab) and on the engine's own logits of the same call; the
+host repack equals lb_quant_repack; the memory plan's copies of the ops'
 scratch formulas equal the library's; an impossible context is refused before allocating.
 
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_dflash_engine.py [--bench]`;
 --bench also times a 4-layer model at the real 27B widths (scripts/make_random_27b.py): pp64, one
-decode step, and a 23-slot verify in decode-step units.
+decode step, and a 23-slot verify in decode-step units, each with host logits and with device argmax.
 """
 
 from __future__ import annotations
@@ -138,6 +141,49 @@ def test_plan_scratch_formulas():
         assert lib().fn.lb_attn_partials_bytes(t, nh, s) == mp.attn_partials(t, nh, s)
 
 
+def check_topk_kernel() -> None:
+    from dflash_fake_lib import reference_topk
+
+    from lucebox_cli.engines import memory_plan as mp
+
+    rng = np.random.default_rng(0)
+    for cols in (VOCAB, 248320):
+        for rows in (1, 23, 64):
+            x = rng.standard_normal((rows, cols)).astype(np.float32)
+            x[0, [5, 77, cols - 1]] = 100.0  # a three-way tie: the lowest column wins
+            if rows > 1:
+                x[1] = 0.0  # all equal: column 0
+            if rows > 2:
+                x[2, [9, cols // 2]] = np.nan  # NaN wins, first NaN
+                x[3 % rows, :] = -np.inf
+                x[4 % rows, rng.integers(0, cols, 40)] = 7.0  # ties for the top-8 at the top
+            for k in (1, 8):
+                need = lib().fn.lb_df_topk_scratch_bytes(rows, cols, k)
+                assert need == mp.topk_scratch(rows, cols, k)
+                ptrs = [ctypes.c_void_p() for _ in range(4)]
+                for p, nbytes in zip(ptrs, (x.nbytes, need, rows * k * 4, rows * k * 4)):
+                    lib().call("lb_dev_alloc", nbytes, ctypes.byref(p))
+                try:
+                    lib().call("lb_dev_h2d", ptrs[0], x.ctypes.data, x.nbytes)
+                    lib().call("lb_df_topk", ptrs[0], rows, cols, cols, k, ptrs[1], ptrs[2], ptrs[3], None)
+                    ids = np.empty((rows, k), np.int32)
+                    vals = np.empty((rows, k), np.float32)
+                    lib().call("lb_dev_d2h", ids.ctypes.data, ptrs[2], ids.nbytes)
+                    lib().call("lb_dev_d2h", vals.ctypes.data, ptrs[3], vals.nbytes)
+                finally:
+                    for p in ptrs:
+                        lib().call("lb_dev_free", p)
+                ref = reference_topk(x, k)
+                assert np.array_equal(ids, ref), f"lb_df_topk k={k} rows={rows} cols={cols}: {ids[:4]} vs {ref[:4]}"
+                if k == 1:
+                    assert ids[:, 0].tolist() == np.argmax(x, axis=-1).tolist()
+                assert np.array_equal(vals, np.take_along_axis(x, ref, axis=1), equal_nan=True)
+
+
+def test_topk_kernel():
+    check_topk_kernel()
+
+
 def check_prefill_and_ar(n_layers: int, steps: int = 32) -> None:
     gpu, cpu = pair(n_layers)
     try:
@@ -152,6 +198,13 @@ def check_prefill_and_ar(n_layers: int, steps: int = 32) -> None:
             tg.append(int(np.argmax(gpu.step(tg[-1]))))
             tc.append(int(np.argmax(cpu.step(tc[-1]))))
         assert tg == tc, f"greedy tokens differ: gpu {tg} cpu {tc}"
+        gpu.reset()  # the device-argmax path: same tokens, no logits copied
+        gpu.prefill(ids)
+        ta = [tg[0]]
+        for _ in range(steps):
+            gpu.poison()
+            ta.append(gpu.step_argmax(ta[-1]))
+        assert ta == tc, f"step_argmax tokens differ: gpu {ta} cpu {tc}"
     finally:
         gpu.close()
 
@@ -173,6 +226,10 @@ def check_verify_commit(seed: int, n: int, budget: int) -> None:
             rg, rc = gpu.verify(tree), cpu.verify(tree)
             assert rel(rg.logits, rc.logits) < TOL, f"verify logits rel RMS {rel(rg.logits, rc.logits):.3g}"
             assert rel(gpu.last_verify_features, cpu.last_verify_features) < TOL
+            # device argmax of the same call's logits (still in the device buffer) == np.argmax of the copy
+            assert gpu.device_topk(n, 1)[:, 0].tolist() == np.argmax(rg.logits, axis=-1).tolist()
+            ra = gpu.verify_argmax(tree)
+            assert ra.logits is None and ra.argmax.tolist() == rg.argmax.tolist(), "verify_argmax ids differ"
             path = tree.path_to(int(np.argmax(tree.depth)))
             gpu.poison()
             gpu.commit(path)
@@ -216,19 +273,30 @@ def bench(path: Path, reps: int = 10) -> dict:
         for _ in range(reps):
             eng.step(11)
         step_ms = (time.perf_counter() - t0) / reps * 1e3
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            eng.step_argmax(11)
+        step_ids_ms = (time.perf_counter() - t0) / reps * 1e3
         tree = branched_tree(5, 23)
         eng.verify(tree)
         t0 = time.perf_counter()
         for _ in range(reps):
             eng.verify(tree)
         verify_ms = (time.perf_counter() - t0) / reps * 1e3
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            eng.verify_argmax(tree)
+        verify_ids_ms = (time.perf_counter() - t0) / reps * 1e3
         eng.reset()
         t0 = time.perf_counter()
         eng.prefill(ids)
         pp_ms = (time.perf_counter() - t0) * 1e3
     finally:
         eng.close()
-    return {"step_ms": step_ms, "verify23_ms": verify_ms, "verify23_in_steps": verify_ms / step_ms, "pp64_ms": pp_ms}
+    r = {"step_ms": step_ms, "verify23_ms": verify_ms, "verify23_in_steps": verify_ms / step_ms,
+         "step_argmax_ms": step_ids_ms, "verify23_argmax_ms": verify_ids_ms,
+         "verify23_argmax_in_steps": verify_ids_ms / step_ids_ms, "pp64_ms": pp_ms}
+    return {k: round(v, 3) for k, v in r.items()}
 
 
 def _main(argv: list[str]) -> int:
@@ -236,6 +304,7 @@ def _main(argv: list[str]) -> int:
         print(gguf(4), gguf(8))
         return 0
     cases = [("host repack", test_host_repack_matches_device), ("plan scratch", test_plan_scratch_formulas),
+             ("device argmax / top-8 kernel", check_topk_kernel),
              ("prefill + 32 greedy, 4 layers", lambda: check_prefill_and_ar(4)),
              ("prefill + 32 greedy, 8 layers", lambda: check_prefill_and_ar(8)),
              ("verify/commit N23", lambda: check_verify_commit(1, 23, 22)),
@@ -254,8 +323,15 @@ def _main(argv: list[str]) -> int:
         print(f"{'PASS' if msg == 'ok' else 'FAIL'} {name} ({time.perf_counter() - t0:.1f} s): {msg}", flush=True)
     for arg in argv:
         if arg.startswith("--bench="):
-            print("bench (4 layers at 27B widths, times include host logits copies):", bench(Path(arg[8:])),
-                  flush=True)
+            try:
+                b = bench(Path(arg[8:]))
+                print("bench (4 layers at 27B widths; step / verify23 copy logits, *_argmax copy ids only):", b,
+                      flush=True)
+                print("bench verify23 = %.2f decode steps with logits, %.2f with device argmax"
+                      % (b["verify23_in_steps"], b["verify23_argmax_in_steps"]), flush=True)
+            except Exception as exc:  # counted: a bench that cannot run fails the script
+                failed += 1
+                print(f"bench FAILED: {type(exc).__name__}: {exc}", flush=True)
     print(f"{failed} failed of {len(cases)}")
     return 1 if failed else 0
 

@@ -106,6 +106,21 @@ class FakeLib:
         for j in range(n):
             c[:, n_past + j] = c[:, n_past + p[j]]
 
+    def lb_df_topk_scratch_bytes(self, rows, cols, k):
+        from lucebox_cli.engines.memory_plan import topk_scratch
+
+        return topk_scratch(rows, cols, k)
+
+    def lb_df_topk(self, x, rows, cols, ld, k, scratch, ids, vals, stream):
+        assert 1 <= k <= 8 and k <= cols and ld >= cols
+        xs = view(x, np.float32, (rows - 1) * ld + cols)
+        rowsx = np.stack([xs[r * ld : r * ld + cols] for r in range(rows)])
+        top = reference_topk(rowsx, k)
+        view(ids, np.int32, rows * k)[:] = top.reshape(-1)
+        if vals:
+            view(vals, np.float32, rows * k)[:] = np.take_along_axis(rowsx, top, axis=1).reshape(-1)
+        view(scratch, np.uint8, 8)[:] = 0xFF  # scratch is clobbered, as on the device
+
     # -- DeltaNet --
     def _prep(self, pre, a, b, conv_w, ssm_a, dt, conv, t, hk, hv, parents=None):
         c = (2 * hk + hv) * D
@@ -217,6 +232,17 @@ class FakeLib:
         local = ((bits[:, None] >> np.arange(n, dtype=np.uint64)[None, :]) & np.uint64(1)).astype(bool)
         mask = np.concatenate([np.ones((n, n_past), bool), local], axis=1)
         self._attn(qf, kc, vc, gate, gl, gh, out, n, n_past + n, mask, nh, nkv, max_ctx)
+
+
+def reference_topk(x: np.ndarray, k: int) -> np.ndarray:
+    """[rows, k] ids in lb_df_topk's order: NaN first, then larger value, ties to the lower column
+    (k = 1 equals np.argmax)."""
+    x = np.asarray(x, np.float32)
+    cols = np.broadcast_to(np.arange(x.shape[-1]), x.shape)
+    nan = np.isnan(x)
+    neg = np.where(nan, 0.0, -x.astype(np.float64))
+    order = np.stack([np.lexsort((cols[r], neg[r], ~nan[r])) for r in range(x.shape[0])])
+    return order[:, :k].astype(np.int64)
 
 
 def _rope(x, pos, rope_dims, theta):

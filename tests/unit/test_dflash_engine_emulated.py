@@ -129,3 +129,23 @@ def test_unsupported_shapes(tmp_path):
     quantize(folder, out, "Q8_0")
     with pytest.raises(EngineUnavailable, match="head_dim 64"):
         DFlashTargetEngine(out, max_context=64, budget=4, lib=FakeLib(), card_bytes=1 << 30)
+
+
+def test_greedy_entry_points_copy_ids_only(gguf, cpu_model):
+    """step_argmax / verify_argmax run lb_df_topk (the fake: numpy argmax) and return the CPU engine's ids."""
+    gpu, cpu, lib = engines(gguf, cpu_model)
+    ids = np.random.default_rng(7).integers(0, 4096, 11)
+    tok = int(np.argmax(gpu.prefill(ids)))
+    assert tok == int(np.argmax(cpu.prefill(ids)))
+    for _ in range(4):
+        tg, tc = gpu.step_argmax(tok), cpu.step_argmax(tok)
+        assert tg == tc
+        tok = tg
+    tree = branched_tree(9, 23, 4096)
+    rg, rc = gpu.verify_argmax(tree), cpu.verify(tree)
+    assert rg.logits is None and rg.argmax.tolist() == np.argmax(rc.logits, axis=-1).tolist()
+    assert "lb_df_topk" in lib.calls
+    full = gpu.verify(tree)  # same call: the device top-k of the rows just copied back
+    assert gpu.device_topk(23, 1)[:, 0].tolist() == np.argmax(full.logits, axis=-1).tolist()
+    gpu.commit(tree.path_to(int(np.argmax(tree.depth))))
+    gpu.close()

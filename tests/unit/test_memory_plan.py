@@ -1,7 +1,7 @@
 """The 27B target engine's memory plan (engines/memory_plan.py): the real 27B shapes in llama.cpp's
 Q4_K_M mix with the 3.46 GB BF16 DFlash draft.
 
-On the rtx3090-sm86 profile (24 GB, budget 22) the largest context that fits is 41,732 tokens (with the
+On the rtx3090-sm86 profile (24 GB, budget 22) the largest context that fits is 41,726 tokens (with the
 640 MiB CUDA margin and token_embd kept on the host); the H200 profile (141 GB, budget 40) fits far
 more than the model's 262,144-token window. A change to any buffer or to the margin moves these
 numbers: update them here and in docs/perf.md together.
@@ -15,7 +15,7 @@ from lucebox_cli.config import get_profile
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.errors import OutOfMemory, UsageError
 
-LARGEST_3090 = 41_732
+LARGEST_3090 = 41_726  # 41,732 before the 0.5 MB device argmax / top-8 buffers
 
 
 @pytest.fixture(scope="module")
