@@ -12,6 +12,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from lucebox_cli.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Tree:
@@ -153,3 +155,36 @@ def greedy_verify(engine: Engine, tree: Tree) -> VerifyResult:
 
 def verify_without_logits(result: VerifyResult) -> VerifyResult:
     return replace(result, logits=None)
+
+
+# ---- argument checks every engine makes the same way ----
+
+
+def checked_tokens(token_ids: Sequence[int], vocab: int) -> np.ndarray:
+    """[n] int64 ids, refusing an empty list and ids outside 0..vocab-1."""
+    tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    if tokens.size == 0:
+        raise UsageError("no tokens to run")
+    if tokens.min() < 0 or tokens.max() >= vocab:
+        raise UsageError(f"token id outside the vocabulary 0..{vocab - 1}")
+    return tokens
+
+
+def check_room(n_past: int, n: int, max_context: int) -> None:
+    if n_past + n > max_context:
+        raise UsageError(
+            f"context full: {n_past} + {n} tokens exceed max_context {max_context}",
+            hint="raise max_context (LUCEBOX_MAX_CONTEXT) or shorten the prompt / --max-tokens",
+        )
+
+
+def checked_path(tree: "Tree | None", accepted_slots: Sequence[int]) -> list[int]:
+    """The accepted slots as ints, refusing anything but a root-to-node path of the verified tree."""
+    if tree is None:
+        raise UsageError("commit() needs a verify() first")
+    path = [int(s) for s in accepted_slots]
+    ok = bool(path) and path[0] == 0 and all(0 < s < tree.size for s in path[1:])
+    ok = ok and all(tree.parents[b] == a for a, b in zip(path, path[1:]))
+    if not ok:
+        raise UsageError(f"accepted slots {path} are not a root-to-node path of the verified tree")
+    return path

@@ -29,7 +29,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult, verify_without_logits
+from lucebox_cli.engines.base import (
+    EngineStats, Tree, VerifyResult, check_room, checked_path, checked_tokens, verify_without_logits,
+)
 from lucebox_cli.errors import EngineUnavailable, UsageError
 from lucebox_cli.models.qwen35 import Qwen35Config, check_weights
 
@@ -305,30 +307,13 @@ class CPUEngine:
     def _tokens(self, token_ids: Sequence[int]) -> np.ndarray:
         if self._closed:
             raise EngineUnavailable("this CPU engine was closed")
-        tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-        if tokens.size == 0:
-            raise UsageError("no tokens to run")
-        if tokens.min() < 0 or tokens.max() >= self.cfg.vocab:
-            raise UsageError(f"token id outside the vocabulary 0..{self.cfg.vocab - 1}")
-        return tokens
+        return checked_tokens(token_ids, self.cfg.vocab)
 
     def _check_room(self, n: int) -> None:
-        if self._n_past + n > self.max_context:
-            raise UsageError(
-                f"context full: {self._n_past} + {n} tokens exceed max_context {self.max_context}",
-                hint="raise max_context (LUCEBOX_MAX_CONTEXT) or shorten the prompt / --max-tokens",
-            )
+        check_room(self._n_past, n, self.max_context)
 
     def _check_path(self, accepted_slots: Sequence[int]) -> list[int]:
-        if self._pending is None:
-            raise UsageError("commit() needs a verify() first")
-        tree = self._pending.tree
-        path = [int(s) for s in accepted_slots]
-        ok = bool(path) and path[0] == 0 and all(0 < s < tree.size for s in path[1:])
-        ok = ok and all(tree.parents[b] == a for a, b in zip(path, path[1:]))
-        if not ok:
-            raise UsageError(f"accepted slots {path} are not a root-to-node path of the verified tree")
-        return path
+        return checked_path(self._pending.tree if self._pending is not None else None, accepted_slots)
 
     def _tree_windows(self, tree: Tree) -> np.ndarray:
         """[N, K] rows of concat(conv_state (K-1 rows), pre (N rows)) forming each slot's conv window."""

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import numpy as np
 
 from lucebox_cli.engines import memory_plan as mp
-from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult
+from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult, check_room, checked_path, checked_tokens
 from lucebox_cli.engines.dflash_layers import AttnLayer, Buffers, GdnLayer, Layers, Mat, Pass
 from lucebox_cli.engines.dflash_upload import EmbeddingRows, arena_bytes, iter_device_tensors, upload_plan
 from lucebox_cli.engines.gdn_tree_plan import save_plan
@@ -283,30 +283,13 @@ class DFlashTargetEngine:
     def _tokens(self, token_ids: Sequence[int]) -> np.ndarray:
         if getattr(self, "_closed", False):
             raise EngineUnavailable("this CUDA engine was closed")
-        tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-        if tokens.size == 0:
-            raise UsageError("no tokens to run")
-        if tokens.min() < 0 or tokens.max() >= self.cfg.vocab:
-            raise UsageError(f"token id outside the vocabulary 0..{self.cfg.vocab - 1}")
-        return tokens
+        return checked_tokens(token_ids, self.cfg.vocab)
 
     def _check_room(self, n: int) -> None:
-        if self._n_past + n > self.max_context:
-            raise UsageError(
-                f"context full: {self._n_past} + {n} tokens exceed max_context {self.max_context}",
-                hint="raise max_context (LUCEBOX_MAX_CONTEXT) or shorten the prompt / --max-tokens",
-            )
+        check_room(self._n_past, n, self.max_context)
 
     def _check_path(self, accepted_slots: Sequence[int]) -> list[int]:
-        if self._pending is None:
-            raise UsageError("commit() needs a verify() first")
-        tree = self._pending
-        path = [int(s) for s in accepted_slots]
-        ok = bool(path) and path[0] == 0 and all(0 < s < tree.size for s in path[1:])
-        ok = ok and all(tree.parents[b] == a for a, b in zip(path, path[1:]))
-        if not ok:
-            raise UsageError(f"accepted slots {path} are not a root-to-node path of the verified tree")
-        return path
+        return checked_path(self._pending, accepted_slots)
 
     def _h2d(self, ptr: int, a: np.ndarray) -> None:
         a = np.ascontiguousarray(a)
