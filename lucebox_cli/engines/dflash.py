@@ -218,17 +218,16 @@ class DFlashTargetEngine:
 
     def step(self, token_id: int) -> np.ndarray:
         """One decode step; float32 logits [V] for the next position."""
-        tokens = self._tokens([token_id])
-        self._check_room(1)
-        self._pending, self.last_verify_features = None, None
-        self._forward(tokens, Pass("step", 1, self._n_past), keep=True)
-        self._n_past += 1
-        self.stats.decode_steps += 1
-        self.stats.committed = self._n_past
+        self._decode_one(token_id)
         return self._logits(0, 1)[0]
 
     def step_argmax(self, token_id: int) -> int:
         """One decode step, greedy: the next token id (argmax on the device; no logits copied)."""
+        self._decode_one(token_id)
+        return int(self._topk(0, 1, 1)[0, 0])
+
+    def _decode_one(self, token_id: int) -> None:
+        """Run one token through the model and commit it; its logits stay on the device."""
         tokens = self._tokens([token_id])
         self._check_room(1)
         self._pending, self.last_verify_features = None, None
@@ -236,7 +235,6 @@ class DFlashTargetEngine:
         self._n_past += 1
         self.stats.decode_steps += 1
         self.stats.committed = self._n_past
-        return int(self._topk(0, 1, 1)[0, 0])
 
     def verify_argmax(self, tree: Tree) -> VerifyResult:
         """verify(tree, want_logits=False): argmax per slot computed on the device, logits None."""
