@@ -6,6 +6,8 @@
 # 0.8B (pp520 / tg128), the 27B quantized GEMV bandwidth table, and the 27B DeltaNet/attention op timings.
 # Results land under $OUT (at most 8 files come back): setup.log, gpu_tests.log, bench.json, bench.md,
 # quant_gemv.log, gdn_attn.json, summary.txt.
+# Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant gdn" (which
+# benches), LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build).
 set -u -o pipefail
 OUT=${OUT:-/tmp/lucebox_out}
 PROFILE=${PROFILE:-h200-sm90}
@@ -17,7 +19,7 @@ export PYTHONPATH=/tmp/site:$PWD
 S="$OUT/summary.txt"
 { echo "commit $LUCEBOX_GIT_COMMIT"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader; } | tee "$S"
 
-lib=build/$PROFILE/liblucebox.so
+lib=${LUCEBOX_BUILD_DIR:-build}/$PROFILE/liblucebox.so
 if [ -f "$lib" ] && python3 - "$lib" <<'PY'
 import ctypes, json, sys
 lib = ctypes.CDLL(sys.argv[1]); lib.lb_build_info.restype = ctypes.c_char_p
@@ -31,12 +33,14 @@ fi
 
 if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: benches only (when only bench code changed)
   echo "== gpu tests" | tee -a "$S"
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu tests/gpu -q -p no:cacheprovider -rfE ${PYTEST_ARGS:-} \
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu ${TESTS:-tests/gpu} -q -p no:cacheprovider -rfE ${PYTEST_ARGS:-} \
     > "$OUT/gpu_tests.log" 2>&1
   echo "pytest rc=$?" | tee -a "$S"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -30 | tee -a "$S"
 fi
 
+BENCHES=${BENCHES:-speed quant gdn}
+if [[ " $BENCHES " == *" speed "* ]]; then
 echo "== bench speed (0.8B, random weights)" | tee -a "$S"
 MODEL=/tmp/random-qwen3.5-0.8b
 python3 scripts/make_random_08b.py "$MODEL" --no-gguf >> "$OUT/setup.log" 2>&1 || echo "model write failed" | tee -a "$S"
@@ -46,10 +50,17 @@ echo "bench rc=$?" | tee -a "$S"
 python3 -c 'import json,sys; from lucebox_cli.bench.report import render; print(render(json.load(open(sys.argv[1])), "md"))' \
   "$OUT/bench.json" > "$OUT/bench.md" 2>> "$OUT/setup.log" && cat "$OUT/bench.md" | tee -a "$S"
 
+fi
+
+if [[ " $BENCHES " == *" quant "* ]]; then
 echo "== 27B quantized GEMV bandwidth" | tee -a "$S"
 timeout 90 python3 tests/gpu/test_quant_gemv.py --bench > "$OUT/quant_gemv.log" 2>&1
 tail -22 "$OUT/quant_gemv.log" | tee -a "$S"
 
+fi
+
+if [[ " $BENCHES " == *" gdn "* ]]; then
 echo "== 27B DeltaNet / attention op timings" | tee -a "$S"
 timeout 90 python3 scripts/bench_gdn_attn.py --json "$OUT/gdn_attn.json" > "$OUT/gdn_attn.log" 2>&1
 tail -14 "$OUT/gdn_attn.log" | tee -a "$S"
+fi

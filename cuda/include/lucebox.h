@@ -270,7 +270,7 @@ typedef struct lb_mk_config {
 typedef struct lb_mk_info {
     int32_t n_blocks;
     int32_t threads;
-    int32_t nslots;            /* 16 KB weight chunks in flight per block */
+    int32_t nslots;            /* weight-ring slots per warp (1-4 KB chunks in flight) */
     int32_t max_blocks_per_sm; /* occupancy query at this shared-memory size */
     int32_t sm_count;
     int32_t max_splits;        /* attention context splits per head */

@@ -33,28 +33,36 @@ int choose_geometry(Handle* H) {
     // Shared memory per block: the opt-in limit, shared between co-resident blocks of one SM.
     size_t budget = prop.sharedMemPerBlockOptin;
     if (bps > 1) budget = std::min(budget, prop.sharedMemPerMultiprocessor / bps - 1024);
-    int nslots = (int)((budget - smem_bytes(0)) / SLOT_BYTES);
-    nslots = std::min(nslots, MAX_SLOTS);
-    if (nslots < 2)
+    // Per-warp weight rings (mk_gemv.cuh): the largest slot size that still leaves every warp 3 slots in
+    // flight, then as many slots as fit (at most MAX_WSLOTS).
+    int wslots = 0, slot_bytes = 0;
+    for (int sb = 4096; sb >= 1024 && wslots < 3; sb /= 2) {
+        slot_bytes = sb;
+        wslots = budget > smem_bytes(0, sb) ? (int)((budget - smem_bytes(0, sb)) / ((size_t)WARPS * sb)) : 0;
+    }
+    wslots = std::min(wslots, MAX_WSLOTS);
+    if (wslots < 2)
         return lb::set_error(LB_ERR_UNSUPPORTED, "megakernel: %zu B of shared memory per block is too little", budget);
-    LB_CUDA_TRY((cudaError_t)prepare(nslots));
+    const size_t smem = smem_bytes(wslots, slot_bytes);
+    LB_CUDA_TRY((cudaError_t)prepare(smem));
     int maxb = 0;
-    LB_CUDA_TRY((cudaError_t)max_blocks_per_sm(nslots, &maxb));
+    LB_CUDA_TRY((cudaError_t)max_blocks_per_sm(smem, &maxb));
     const int n_blocks = c.n_blocks > 0 ? c.n_blocks : prop.multiProcessorCount * bps;
     if (maxb < 1 || n_blocks > maxb * prop.multiProcessorCount)
         return lb::set_error(LB_ERR_UNSUPPORTED,
                              "megakernel: %d blocks requested but only %d x %d SMs can be co-resident "
                              "(%d threads, %zu B shared memory each)",
-                             n_blocks, maxb, prop.multiProcessorCount, THREADS, smem_bytes(nslots));
+                             n_blocks, maxb, prop.multiProcessorCount, THREADS, smem);
     if (!prop.cooperativeLaunch)
         return lb::set_error(LB_ERR_UNSUPPORTED, "megakernel: device %d has no cooperative launch", c.device);
     H->info.n_blocks = n_blocks;
     H->info.threads = THREADS;
-    H->info.nslots = nslots;
+    H->info.nslots = wslots;
+    H->slot_bytes = slot_bytes;
     H->info.max_blocks_per_sm = maxb;
     H->info.sm_count = prop.multiProcessorCount;
     H->info.max_splits = std::max(1, n_blocks / AT_HQ);
-    H->info.smem_bytes = smem_bytes(nslots);
+    H->info.smem_bytes = smem;
     return LB_OK;
 }
 
@@ -139,7 +147,8 @@ int wire(Handle* H) {
     LB_CUDA_TRY(cudaHostGetDevicePointer((void**)&P.host_tokens, H->host_tokens, 0));
     P.max_ctx = c.max_context;
     P.max_splits = H->info.max_splits;
-    P.nslots = H->info.nslots;
+    P.wslots = H->info.nslots;
+    P.slot_bytes = H->slot_bytes;
     P.eps = c.rms_eps;
     P.rope_theta = c.rope_theta;
     return LB_OK;

@@ -161,7 +161,7 @@ __device__ __forceinline__ void x_attn_combine(const Params& P, const Smem& sm, 
             num = fmaf(ldcg(part + s * AT_PART + 2 + d), f, num);
         }
         const float gate = ldcg(P.y_in + h * 2 * AT_D + AT_D + d);
-        sm.xs[i] = num / den * sigmoidf(gate);
+        sm.xs[xperm(i)] = num / den * sigmoidf(gate);
     }
     __syncthreads();
 }

@@ -28,12 +28,11 @@ constexpr int AT_IN = AT_Q + 2 * AT_HKV * AT_D;  // 5120 rows: [q/gate | k | v]
 constexpr int AT_O = AT_HQ * AT_D;              // 2048
 constexpr int AT_PART = AT_D + 2;               // one split's partial: m, l, acc[256]
 constexpr int ROPE_HALF = 32;                   // rotated dims [0, 64): i pairs with i + 32
-constexpr int SLOT_BYTES = 16384;               // one weight chunk in the shared-memory ring
-constexpr int MAX_SLOTS = 16;                   // mbarrier area is fixed: keeps xs 16-byte aligned
+constexpr int SEG = 256;                        // a warp pass: 32 lanes x 8 bf16 weights (512 bytes)
+constexpr int MAX_WSLOTS = 8;                   // weight-ring slots per warp (mbarrier area is fixed)
 constexpr int MAX_LAYERS = 24;                  // the per-block phase table lives in shared memory
 constexpr int MAX_PHASES = 4 * MAX_LAYERS + 1;
 constexpr int XS_FLOATS = FFN;                  // GEMV input vector (the widest K)
-constexpr int MAX_RPC = SLOT_BYTES / (2 * HID);  // rows per chunk at K = 1024
 
 // Per-layer device pointers; the host fills an array of these once at create time.
 struct Layer {
@@ -79,14 +78,15 @@ struct Params {
     int pos0;
     int max_ctx;
     int max_splits;
-    int nslots;
+    int wslots;      // weight-ring slots per warp
+    int slot_bytes;  // bytes per slot, a multiple of SEG * 2
     float* logits;  // [vocab] of the last step, or null
     float eps;
     float rope_theta;
 };
 
 // Dynamic shared memory: ring slots, then the GEMV input vector (reused as phase scratch), then small
-// arrays. The host computes nslots from the device's opt-in limit.
+// arrays. The host computes wslots and slot_bytes from the device's opt-in limit.
 // One GEMV phase as this block sees it: matrix, row range, width (computed once per launch).
 struct __align__(16) PhaseDesc {
     const uint16_t* w;
@@ -97,15 +97,22 @@ struct Smem {
     PhaseDesc* ph;  // [MAX_PHASES]
     uint8_t* slots;
     uint64_t* mbar;
-    float* xs;    // [XS_FLOATS]
-    float* acc;   // [2][MAX_RPC] row partials, double-buffered by chunk parity
+    float* xs;    // [XS_FLOATS] GEMV input, stored in xperm order
     float* red;   // [2 * WARPS] reduction scratch
     int* misc;    // [8]
 };
 
-__host__ __device__ constexpr inline size_t smem_bytes(int nslots) {
-    return (size_t)nslots * SLOT_BYTES + MAX_SLOTS * 8 + XS_FLOATS * 4 + 2 * MAX_RPC * 4 + 2 * WARPS * 4 + 8 * 4 +
+__host__ __device__ constexpr inline size_t smem_bytes(int wslots, int slot_bytes) {
+    return (size_t)WARPS * wslots * slot_bytes + WARPS * MAX_WSLOTS * 8 + XS_FLOATS * 4 + 2 * WARPS * 4 + 8 * 4 +
            MAX_PHASES * sizeof(PhaseDesc);
+}
+
+// Where element i of a GEMV input vector lives in xs. A lane multiplies weights [8 lane, 8 lane + 8) of each
+// 256-wide segment; storing those 8 values as two runs of 4 at lane*4 and 128 + lane*4 lets a warp read
+// its x with two conflict-free 16-byte loads (the natural order costs a 2-way bank conflict on each).
+__device__ __forceinline__ int xperm(int i) {
+    const int j = i & (SEG - 1);
+    return (i & ~(SEG - 1)) | ((j & 4) << 5) | ((j >> 3) << 2) | (j & 3);
 }
 
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }

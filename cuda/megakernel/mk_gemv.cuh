@@ -1,36 +1,40 @@
 // Weight streaming for the megakernel: every matrix-vector phase of a token (4 per layer, then the LM
-// head) reads its rows through one shared-memory ring of 16 KB chunks filled by cp.async.
+// head) reads its rows through shared-memory rings filled by the bulk-copy engine (sm_90) or cp.async.
 //
 // Why a ring: the weights do not depend on activations, so the producer cursor runs ahead of the
 // consumer across phase boundaries and grid barriers. While a block waits at a barrier or works on a
-// serial phase (recurrence, attention), up to nslots chunks of its next weights are already in flight,
-// which keeps HBM busy through the ~120 barriers of a token.
+// serial phase (recurrence, attention), its next weights are already in flight.
 //
-// Each block owns the contiguous row range [M*b/nb, M*(b+1)/nb) of every matrix; a chunk is a run of
-// whole rows, so it is one contiguous byte range and a row's dot product completes inside one chunk.
+// Why one ring PER WARP (v3): v1/v2 consumed 16 KB chunks block-wide (mbarrier wait -> items -> smem
+// atomics -> __syncthreads -> epilogue -> refill), a serial chain of ~2,500 cycles per chunk that held
+// each SM near 13 GB/s. Here each of the 16 warps owns a contiguous run of the block's rows of every
+// matrix and its own wslots slots: it waits only for its own chunks, refills the slot it just read, and
+// never synchronises with the other warps inside a phase, so 16 independent streams keep the SM busy.
+//
+// Rows of a warp are contiguous in memory, so its stream is one byte range per phase, cut into chunks of
+// slot_bytes; a chunk is a whole number of 512-byte segments (256 weights, one 16-byte load per lane) and
+// rows (K = 1024, 2048 or 3584 = 4, 8 or 14 segments) may straddle chunks: the lane partial sums carry over.
 #pragma once
 
 #include "mk_common.cuh"
 
 namespace mk {
 
+// Per-warp ring cursor; every lane of a warp holds the same values.
 struct Ring {
-    int head;    // chunks issued (sequence number of the next one)
+    int head;    // chunks issued by this warp (sequence number of the next one)
     int tail;    // chunks consumed
     int pp;      // producer: GEMV phase index within a step, [0, 4 * n_layers]
-    int prow;    // producer: next row to issue in phase pp
+    int pbyte;   // producer: next byte to issue within this warp's range of phase pp
     int psteps;  // producer: steps left to prefetch, the current one included
-    int hslot;   // slot of the next issue (head % nslots)
-    int tslot;   // slot of the next consume (tail % nslots)
-    unsigned tpar;  // mbarrier phase parity expected at tslot
 };
 
-// mbarrier arrivals per phase: one bulk-copy arrival on sm_90, every thread's cp.async arrival before.
+// mbarrier arrivals per slot phase: one bulk-copy arrival on sm_90, the 32 lanes' cp.async arrivals before.
 __device__ __forceinline__ unsigned mbar_count() {
 #if LB_DEVICE_ARCH >= 900
     return 1;
 #else
-    return THREADS;
+    return 32;
 #endif
 }
 
@@ -55,7 +59,6 @@ __device__ __forceinline__ void gemv_desc(const Params& P, int pp, const uint16_
 
 __device__ __forceinline__ int row_begin(int M) { return (int)((long long)M * blockIdx.x / gridDim.x); }
 __device__ __forceinline__ int row_end(int M) { return (int)((long long)M * (blockIdx.x + 1) / gridDim.x); }
-__device__ __forceinline__ int rows_per_chunk(int K) { return SLOT_BYTES / (2 * K); }
 
 // Per-block phase table, filled once per launch (avoids 64-bit divisions per chunk).
 __device__ __forceinline__ void build_phase_table(const Params& P, const Smem& sm) {
@@ -67,101 +70,120 @@ __device__ __forceinline__ void build_phase_table(const Params& P, const Smem& s
     }
 }
 
-// Issue chunks until the ring is full or nothing is left to prefetch. Called by all threads with
-// identical cursors. sm_90: thread 0 issues one bulk copy per chunk (the copy engine keeps far more
-// bytes in flight than per-thread cp.async); older archs: each thread copies its 16-byte pieces.
+// This warp's rows [r0, r1) of phase pp: the block's range split evenly over the warps.
+struct WarpRange {
+    const uint16_t* w;  // first weight of row r0
+    int r0, r1, K;
+    int bytes;  // (r1 - r0) * K * 2
+};
+
+__device__ __forceinline__ WarpRange warp_range(const Smem& sm, int pp, int warp) {
+    const PhaseDesc d = sm.ph[pp];
+    const int n = d.r1 - d.r0;
+    WarpRange r;
+    r.r0 = d.r0 + n * warp / WARPS;
+    r.r1 = d.r0 + n * (warp + 1) / WARPS;
+    r.K = d.K;
+    r.w = d.w + (size_t)r.r0 * d.K;
+    r.bytes = (r.r1 - r.r0) * d.K * 2;
+    return r;
+}
+
+__device__ __forceinline__ uint8_t* warp_slot(const Params& P, const Smem& sm, int warp, int slot) {
+    return sm.slots + ((size_t)warp * P.wslots + slot) * P.slot_bytes;
+}
+
+// Issue this warp's chunks until its ring is full or nothing is left to prefetch. All lanes call it with
+// identical cursors. sm_90: lane 0 issues one bulk copy per chunk; older archs: 16-byte cp.async per lane.
 __device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring& R) {
-    while (R.psteps > 0 && R.head - R.tail < P.nslots) {
-        const PhaseDesc d = sm.ph[R.pp];
-        const int n = min(rows_per_chunk(d.K), d.r1 - R.prow);
-        if (n > 0) {
-            const uint8_t* src = reinterpret_cast<const uint8_t*>(d.w + (size_t)R.prow * d.K);
-            uint8_t* dst = sm.slots + (size_t)R.hslot * SLOT_BYTES;
-            const int bytes = n * d.K * 2;
+    const int warp = lb::warp_id();
+    while (R.psteps > 0 && R.head - R.tail < P.wslots) {
+        const WarpRange r = warp_range(sm, R.pp, warp);
+        if (R.pbyte < r.bytes) {
+            const int n = min(P.slot_bytes, r.bytes - R.pbyte);
+            const int slot = R.head % P.wslots;
+            const uint8_t* src = reinterpret_cast<const uint8_t*>(r.w) + R.pbyte;
+            uint8_t* dst = warp_slot(P, sm, warp, slot);
+            uint64_t* bar = &sm.mbar[warp * MAX_WSLOTS + slot];
 #if LB_DEVICE_ARCH >= 900
-            if (threadIdx.x == 0) bulk_copy(dst, src, bytes, &sm.mbar[R.hslot]);
+            if (lb::lane_id() == 0) bulk_copy(dst, src, n, bar);
 #else
-            for (int off = threadIdx.x * 16; off < bytes; off += THREADS * 16) cp_async16(dst + off, src + off);
-            mbar_arrive_cp_async(&sm.mbar[R.hslot]);
+            for (int off = lb::lane_id() * 16; off < n; off += 32 * 16) cp_async16(dst + off, src + off);
+            mbar_arrive_cp_async(bar);
 #endif
             R.head++;
-            R.hslot = R.hslot + 1 == P.nslots ? 0 : R.hslot + 1;
-            R.prow += n;
+            R.pbyte += n;
         }
-        if (R.prow >= d.r1) {
+        if (R.pbyte >= r.bytes) {
             if (++R.pp == n_gemv_phases(P)) {
                 R.pp = 0;
                 R.psteps--;
             }
-            R.prow = sm.ph[R.pp].r0;
+            R.pbyte = 0;
         }
     }
 }
 
-// 8 bf16 weights (16 bytes) of one row against xs[e .. e+8).
-__device__ __forceinline__ float dot8(const uint16_t* wrow, int e, const float* xs) {
-    const uint4 wv = *reinterpret_cast<const uint4*>(wrow + e);
-    const float4 xa = *reinterpret_cast<const float4*>(xs + e);
-    const float4 xb = *reinterpret_cast<const float4*>(xs + e + 4);
-    float s = bf16_lo(wv.x) * xa.x;
-    s = fmaf(bf16_hi(wv.x), xa.y, s);
-    s = fmaf(bf16_lo(wv.y), xa.z, s);
-    s = fmaf(bf16_hi(wv.y), xa.w, s);
-    s = fmaf(bf16_lo(wv.z), xb.x, s);
-    s = fmaf(bf16_hi(wv.z), xb.y, s);
-    s = fmaf(bf16_lo(wv.w), xb.z, s);
-    return fmaf(bf16_hi(wv.w), xb.w, s);
-}
-
-// One GEMV phase: y[row] = W[row, :] · xs for this block's rows; epi(row, value) consumes each result
-// (called by thread t < rows-in-chunk for row t of the chunk). xs must be ready in shared memory.
+// One GEMV phase: y[row] = W[row, :] . x for this warp's rows; epi(row, value) consumes each result on
+// lane 0 (rows in increasing order). x must be ready in shared memory (xperm order).
 template <class Epi>
 __device__ __forceinline__ void gemv_run(const Params& P, const Smem& sm, Ring& R, int pp, Epi epi) {
-    const PhaseDesc d = sm.ph[pp];
-    const int r0 = d.r0, r1 = d.r1, K = d.K;
-    const int rpc = rows_per_chunk(K);
-    const int segs = K >> 8;  // 256-element segments: one warp pass of 16-byte loads
     const int lane = lb::lane_id(), warp = lb::warp_id();
-    for (int row = r0; row < r1; row += rpc) {
-        const int n = min(rpc, r1 - row);
-        const int slot = R.tslot;
-        mbar_wait(&sm.mbar[slot], R.tpar);
-        float* acc = sm.acc + (R.tail & 1) * MAX_RPC;
-        const uint16_t* ws = reinterpret_cast<const uint16_t*>(sm.slots + (size_t)slot * SLOT_BYTES);
-        // Two items per pass: their loads and shuffle reductions interleave (half the latency chain).
-        const int items = n * segs;
-        int it = warp;
-        for (; it + WARPS < items; it += 2 * WARPS) {
-            const int ra = it / segs, rb = (it + WARPS) / segs;
-            float sa = dot8(ws + ra * K, (it - ra * segs) * 256 + lane * 8, sm.xs);
-            float sb = dot8(ws + rb * K, (it + WARPS - rb * segs) * 256 + lane * 8, sm.xs);
+    const WarpRange r = warp_range(sm, pp, warp);
+    int row = r.r0, col = 0;  // position of the next segment
+    float acc = 0.0f;         // this lane's partial of the current row
+    for (int byte = 0; byte < r.bytes; byte += P.slot_bytes) {
+        const int slot = R.tail % P.wslots;
+        mbar_wait(&sm.mbar[warp * MAX_WSLOTS + slot], (unsigned)(R.tail / P.wslots) & 1u);
+        const uint8_t* ws = warp_slot(P, sm, warp, slot);
+        const int nseg = min(P.slot_bytes, r.bytes - byte) / (2 * SEG);
+        // Segments are independent dot products: compute them first (loads in flight together), then
+        // fold them into rows in order.
+        constexpr int UNROLL = 4;
+        for (int s0 = 0; s0 < nseg; s0 += UNROLL) {
+            float part[UNROLL];
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
-                sa += __shfl_xor_sync(LB_FULL_MASK, sa, off);
-                sb += __shfl_xor_sync(LB_FULL_MASK, sb, off);
+            for (int u = 0; u < UNROLL; ++u) {
+                part[u] = 0.0f;
+                const int s = s0 + u;
+                if (s < nseg) {
+                    // column of segment s; col is segment s0's, and K >= 4 segments, so one wrap at most
+                    int c = col + u * SEG;
+                    if (c >= r.K) c -= r.K;
+                    const uint4 wv = *reinterpret_cast<const uint4*>(ws + s * (2 * SEG) + lane * 16);
+                    const float4 xa = *reinterpret_cast<const float4*>(sm.xs + c + lane * 4);
+                    const float4 xb = *reinterpret_cast<const float4*>(sm.xs + c + 128 + lane * 4);
+                    float d = bf16_lo(wv.x) * xa.x;
+                    d = fmaf(bf16_hi(wv.x), xa.y, d);
+                    d = fmaf(bf16_lo(wv.y), xa.z, d);
+                    d = fmaf(bf16_hi(wv.y), xa.w, d);
+                    d = fmaf(bf16_lo(wv.z), xb.x, d);
+                    d = fmaf(bf16_hi(wv.z), xb.y, d);
+                    d = fmaf(bf16_lo(wv.w), xb.z, d);
+                    part[u] = fmaf(bf16_hi(wv.w), xb.w, d);
+                }
             }
-            if (lane == 0) {
-                atomicAdd(&acc[ra], sa);
-                atomicAdd(&acc[rb], sb);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (s0 + u < nseg) {
+                    acc += part[u];
+                    col += SEG;
+                    if (col == r.K) {
+                        const float v = lb::warp_sum(acc);
+                        if (lane == 0) epi(row, v);
+                        acc = 0.0f;
+                        col = 0;
+                        ++row;
+                    }
+                }
             }
         }
-        if (it < items) {
-            const int r = it / segs;
-            const float s = lb::warp_sum(dot8(ws + r * K, (it - r * segs) * 256 + lane * 8, sm.xs));
-            if (lane == 0) atomicAdd(&acc[r], s);
-        }
-        // All reads of the slot and all partial sums are done: the slot may be refilled.
-        __syncthreads();
-        if (threadIdx.x < n) {
-            const float v = acc[threadIdx.x];
-            acc[threadIdx.x] = 0.0f;
-            epi(row + (int)threadIdx.x, v);
-        }
+        // Every lane's reads of the slot are done before it is refilled (generic -> async proxy).
+        __syncwarp();
+#if LB_DEVICE_ARCH >= 900
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
         R.tail++;
-        if (++R.tslot == P.nslots) {
-            R.tslot = 0;
-            R.tpar ^= 1u;
-        }
         ring_fill(P, sm, R);
     }
 }
@@ -184,14 +206,14 @@ __device__ __forceinline__ void x_rmsnorm(const Params& P, const Smem& sm, const
 #pragma unroll
     for (int k = 0; k < HID / THREADS; ++k) {
         const int i = threadIdx.x + k * THREADS;
-        sm.xs[i] = v[k] * r * w[i];
+        sm.xs[xperm(i)] = v[k] * r * w[i];
     }
     __syncthreads();
 }
 
 // xs = SiLU(gate) * up, the SwiGLU input of ffn_down.
 __device__ __forceinline__ void x_swiglu(const Params& P, const Smem& sm) {
-    for (int i = threadIdx.x; i < FFN; i += THREADS) sm.xs[i] = silu(ldcg(P.gu + i)) * ldcg(P.gu + FFN + i);
+    for (int i = threadIdx.x; i < FFN; i += THREADS) sm.xs[xperm(i)] = silu(ldcg(P.gu + i)) * ldcg(P.gu + FFN + i);
     __syncthreads();
 }
 
@@ -210,7 +232,7 @@ __device__ __forceinline__ void x_dn_gated_norm(const Params& P, const Smem& sm,
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         const float z = ldcg(P.y_in + DN_QKV + h * DN_D + d + k);
-        sm.xs[h * DN_D + d + k] = o[k] * r * L.ssm_norm[d + k] * silu(z);
+        sm.xs[xperm(h * DN_D + d + k)] = o[k] * r * L.ssm_norm[d + k] * silu(z);
     }
     __syncthreads();
 }

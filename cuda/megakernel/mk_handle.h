@@ -30,6 +30,7 @@ struct Handle {
     int running = 0;  // steps of the launch in flight (0: none)
     int want_logits = 0;
     size_t state_bytes = 0;
+    int slot_bytes = 0;  // bytes per per-warp weight-ring slot (info.nslots = slots per warp)
 };
 
 }  // namespace mk

@@ -92,24 +92,20 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
     Smem sm;
     sm.slots = smem_raw;
-    sm.mbar = reinterpret_cast<uint64_t*>(smem_raw + (size_t)P.nslots * SLOT_BYTES);
-    sm.ph = reinterpret_cast<PhaseDesc*>(sm.mbar + MAX_SLOTS);
+    sm.mbar = reinterpret_cast<uint64_t*>(smem_raw + (size_t)WARPS * P.wslots * P.slot_bytes);
+    sm.ph = reinterpret_cast<PhaseDesc*>(sm.mbar + WARPS * MAX_WSLOTS);
     sm.xs = reinterpret_cast<float*>(sm.ph + MAX_PHASES);
-    sm.acc = sm.xs + XS_FLOATS;
-    sm.red = sm.acc + 2 * MAX_RPC;
+    sm.red = sm.xs + XS_FLOATS;
     sm.misc = reinterpret_cast<int*>(sm.red + 2 * WARPS);
-    if (threadIdx.x < (unsigned)P.nslots) mbar_init(&sm.mbar[threadIdx.x], mbar_count());
+    if (threadIdx.x < WARPS * MAX_WSLOTS) mbar_init(&sm.mbar[threadIdx.x], mbar_count());
     build_phase_table(P, sm);
-    if (threadIdx.x < 2 * MAX_RPC) sm.acc[threadIdx.x] = 0.0f;
     __syncthreads();
 
     Ring R;
     R.head = R.tail = 0;
     R.pp = 0;
+    R.pbyte = 0;
     R.psteps = P.n_steps;
-    R.prow = sm.ph[0].r0;
-    R.hslot = R.tslot = 0;
-    R.tpar = 0;
     ring_fill(P, sm, R);  // the first weights stream while the first token is looked up
 
     unsigned bt = 0;
@@ -147,19 +143,18 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
     }
 }
 
-int max_blocks_per_sm(int nslots, int* out) {
-    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, decode_kernel, THREADS, smem_bytes(nslots));
+int max_blocks_per_sm(size_t smem, int* out) {
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, decode_kernel, THREADS, smem);
 }
 
-int prepare(int nslots) {
-    return (int)cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)smem_bytes(nslots));
+int prepare(size_t smem) {
+    return (int)cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 }
 
 int launch(const Params& P, int n_blocks, cudaStream_t stream) {
     void* args[] = {const_cast<Params*>(&P)};
     return (int)cudaLaunchCooperativeKernel((const void*)decode_kernel, dim3(n_blocks), dim3(THREADS), args,
-                                           smem_bytes(P.nslots), stream);
+                                           smem_bytes(P.wslots, P.slot_bytes), stream);
 }
 
 }  // namespace mk

@@ -8,8 +8,8 @@
 
 namespace mk {
 
-int max_blocks_per_sm(int nslots, int* out);
-int prepare(int nslots);
+int max_blocks_per_sm(size_t smem, int* out);
+int prepare(size_t smem);
 int launch(const Params& P, int n_blocks, cudaStream_t stream);
 
 }  // namespace mk
