@@ -26,7 +26,12 @@ the host for every row a sampling (T > 0) caller needs, captured tap features ar
 from __future__ import annotations
 
 import ctypes
+import itertools
+import os
 import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
@@ -35,7 +40,7 @@ import numpy as np
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult, check_room, checked_path, checked_tokens
 from lucebox_cli.engines.dflash_layers import AttnLayer, Buffers, GdnLayer, Layers, Mat, Pass
-from lucebox_cli.engines.dflash_upload import EmbeddingRows, arena_bytes, iter_device_tensors, upload_plan
+from lucebox_cli.engines.dflash_upload import EmbeddingRows, arena_bytes, device_bytes, upload_plan
 from lucebox_cli.engines.gdn_tree_plan import save_plan
 from lucebox_cli.errors import EngineUnavailable, LuceboxError, UsageError
 
@@ -117,17 +122,18 @@ class DFlashTargetEngine:
             raise
         self._embed = EmbeddingRows(self.model, cfg)
         self.info = {"weight_bytes": arena_bytes(entries), "plan_bytes": self.plan.total, "budget": self.budget,
-                     "max_context": self.max_context}
+                     "max_context": self.max_context, "upload_s": round(self.load_s, 2)}
         self.last_verify_ms: Optional[float] = None
         self.reset()
 
     # -- setup --
 
     def _upload(self, entries) -> tuple[dict[str, Mat], dict[str, int]]:
+        t0 = time.perf_counter()
         arena = _Arena(self.lib, arena_bytes(entries))
         self._arenas.append(arena)
         mats, vecs = {}, {}
-        for e, data in iter_device_tensors(self.model, entries):
+        for e, data in _prepared(self.model, entries):
             ptr = arena.take(e.nbytes)
             assert ptr == arena.base + e.offset
             self.lib.call("lb_dev_h2d", ptr, data.ctypes.data, data.nbytes)
@@ -135,6 +141,7 @@ class DFlashTargetEngine:
                 mats[e.name] = Mat(ptr, e.qtype, e.shape[0], e.shape[1])
             else:
                 vecs[e.name] = ptr
+        self.load_s = time.perf_counter() - t0
         return mats, vecs
 
     def _carve(self) -> Buffers:
@@ -338,6 +345,29 @@ class DFlashTargetEngine:
             raise UsageError(f"device top-k takes 1..{CHUNK} rows and k in 1..{mp.TOPK_MAX_K}")
         self._layers.topk(n, k)
         return self._d2h(self._bufs.topk_ids, np.int32, (n, k)).astype(np.int64)
+
+
+def _prepared(model: Any, entries: list, workers: Optional[int] = None) -> Iterator[tuple[Any, np.ndarray]]:
+    """(entry, device-layout bytes) in arena order, as dflash_upload.iter_device_tensors gives them, but
+    read from the memory map and repacked (Q6_K / Q8_0) on worker threads a few tensors ahead, while the
+    caller copies the current one to the device: numpy's copies and ctypes calls release the GIL, and the
+    repack of the 4.45 GB of Q6_K in a 27B Q4_K_M takes ~75 s on one core of the dev box."""
+    workers = workers or min(8, os.cpu_count() or 1)
+
+    def prep(e: Any) -> np.ndarray:
+        return np.ascontiguousarray(device_bytes(e, model.raw(e.name)))
+
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        todo = iter(entries)
+        ahead = deque((e, pool.submit(prep, e)) for e in itertools.islice(todo, 2 * workers))
+        while ahead:
+            e, fut = ahead.popleft()
+            for nxt in itertools.islice(todo, 1):
+                ahead.append((nxt, pool.submit(prep, nxt)))
+            yield e, fut.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def tree_mask_bits(tree: Tree) -> np.ndarray:

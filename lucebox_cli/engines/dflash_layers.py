@@ -13,6 +13,14 @@ Projections read quantized weights (lb_gemv_q for one row, lb_gemm_q_smalln for 
 (accumulate = 1), which is the residual add. Buffers are carved once by engines/dflash.py from
 memory_plan.target_buffers; region offsets inside the projection buffer are fixed multiples of
 CHUNK rows, so they do not depend on t.
+
+Host overhead: a decode step of the 27B is ~770 C calls. The methods below are the reference issue
+order; they run once per (mode, t) in a recording pass with the position-dependent values (n_past, a
+tree's save count) as `Sym` placeholders, and the record becomes a `Program`: per layer, the ctypes
+function objects with their argument tuples prebuilt, only the placeholder slots patched per call, and
+the status tested inline (lib.check only on failure). That removed the per-call getattr, f-string names,
+dict lookups and method frames: host time per step 1.16 → see docs/perf.md ("27B target engine").
+`use_programs = False` issues the same calls one by one (tests compare the two call streams).
 """
 
 from __future__ import annotations
@@ -90,31 +98,137 @@ class Pass:
     max_saves: int = 0
 
 
+class Sym:
+    """A call argument known only when the pass runs (`key` looked up then, plus `add`)."""
+
+    __slots__ = ("key", "add")
+
+    def __init__(self, key: str, add: int = 0):
+        self.key, self.add = key, add
+
+    def __add__(self, k: int) -> "Sym":
+        return Sym(self.key, self.add + int(k))
+
+    __radd__ = __add__
+
+    def __repr__(self) -> str:
+        return f"Sym({self.key!r}{f' + {self.add}' if self.add else ''})"
+
+
+# one prebuilt call: (function, arguments, C name, ((slot, Sym, converter), ...) or None)
+Step = tuple[Any, tuple, str, Optional[tuple[tuple[int, Sym, Any], ...]]]
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+class Program:
+    """Recorded calls, one list per layer (taps fire between layers); `run(values)` issues them.
+
+    Arguments of a ctypes function are converted to its argtypes' instances once, here: ctypes passes
+    an instance of the declared type without converting it (0.50 vs 0.83 µs for lb_gemv_q's 8 arguments,
+    1.14 vs 2.05 µs for lb_attn_prep's 21, measured on the stub library of tests/unit/dflash_fake_lib.py)."""
+
+    def __init__(self, lib: Any, layers: list[list[tuple[str, tuple]]]):
+        fns = lib.fn
+        self.check = lib.check
+        self.layers: list[list[Step]] = []
+        for calls in layers:
+            steps = []
+            for name, args in calls:
+                fn = getattr(fns, name)
+                types = getattr(fn, "argtypes", None) or [_same] * len(args)
+                if len(types) != len(args):
+                    raise TypeError(f"{name} takes {len(types)} arguments, the pass gives {len(args)}")
+                conv = tuple(a if a is None or isinstance(a, Sym) else types[j](a) for j, a in enumerate(args))
+                dyn = tuple((j, a, types[j]) for j, a in enumerate(args) if isinstance(a, Sym))
+                steps.append((fn, conv, name, dyn or None))
+            self.layers.append(steps)
+
+    def run(self, values: dict[str, int], taps: tuple[int, ...] = (), on_tap: Optional[Any] = None) -> None:
+        check = self.check
+        for i, steps in enumerate(self.layers):
+            for fn, args, name, dyn in steps:
+                if dyn is None:
+                    status = fn(*args)
+                else:
+                    a = list(args)
+                    for j, sym, conv in dyn:
+                        a[j] = conv(values[sym.key] + sym.add)
+                    status = fn(*a)
+                if status:
+                    check(status, name)
+            if on_tap is not None and i in taps:
+                on_tap(i)
+
+
 class Layers:
     """Issues one pass's calls. `lib` is an _lib.Lib (or the CPU emulation in the unit tests)."""
 
     def __init__(self, lib: Any, cfg: Qwen35Config, mats: dict[str, Mat], vecs: dict[str, int], bufs: Buffers,
                  max_ctx: int):
         self.lib, self.cfg, self.m, self.v, self.b, self.max_ctx = lib, cfg, mats, vecs, bufs, max_ctx
+        self.use_programs = True
+        self._programs: dict[tuple, Program] = {}
+        self._rec: Optional[list[tuple[str, tuple]]] = None  # the call list being recorded, if any
+
+    def _call(self, name: str, *args: Any) -> None:
+        if self._rec is not None:
+            self._rec.append((name, args))
+        else:
+            self.lib.call(name, *args)
+
+    def _program(self, key: tuple, issue: Any) -> Program:
+        """The Program of `key`, recorded on first use by issue(new_layer) (which calls new_layer() at
+        every layer boundary)."""
+        prog = self._programs.get(key)
+        if prog is None:
+            layers: list[list[tuple[str, tuple]]] = [[]]
+
+            def new_layer() -> None:
+                layers.append([])
+                self._rec = layers[-1]
+
+            self._rec = layers[0]
+            try:
+                issue(new_layer)
+            finally:
+                self._rec = None
+            prog = self._programs[key] = Program(self.lib, layers)
+        return prog
 
     # -- primitives --
 
     def matmul(self, name: str, x: int, y: int, t: int, accumulate: int = 0) -> None:
         w = self.m[name]
         if t == 1:
-            self.lib.call("lb_gemv_q", w.qtype, w.ptr, w.rows, w.k, x, y, accumulate, None)
+            self._call("lb_gemv_q", w.qtype, w.ptr, w.rows, w.k, x, y, accumulate, None)
         else:
-            self.lib.call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x, t, y, accumulate, None)
+            self._call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x, t, y, accumulate, None)
 
     def rmsnorm(self, x: int, weight: str, y: int, t: int) -> None:
-        self.lib.call("lb_df_rmsnorm", x, self.v[weight], y, t, self.cfg.hidden, self.cfg.eps, None)
+        self._call("lb_df_rmsnorm", x, self.v[weight], y, t, self.cfg.hidden, self.cfg.eps, None)
 
     # -- the pass --
 
     def run(self, p: Pass, taps: tuple[int, ...] = (), on_tap: Optional[Any] = None) -> None:
         """All layers over rows 0..t-1 of x (already holding the embeddings); on_tap(i) after tap layers."""
+        if not self.use_programs:
+            self.issue_pass(p, taps, on_tap)
+            return
+        sym = Pass(p.mode, p.t, Sym("pos0"), Sym("max_saves"))  # type: ignore[arg-type]
+        prog = self._program(("pass", p.mode, p.t),
+                             lambda new_layer: self.issue_pass(sym, (), None, new_layer))
+        prog.run({"pos0": p.pos0, "max_saves": p.max_saves}, taps, on_tap)
+
+    def issue_pass(self, p: Pass, taps: tuple[int, ...] = (), on_tap: Optional[Any] = None,
+                   new_layer: Optional[Any] = None) -> None:
+        """The reference: every call of the pass, one at a time (new_layer() between layers when recording)."""
         cfg, b = self.cfg, self.b
         for i in range(cfg.n_layers):
+            if new_layer is not None and i > 0:
+                new_layer()
             pre = f"blk.{i}."
             self.rmsnorm(b.x, pre + "attn_norm.weight", b.h, p.t)
             if cfg.is_attention(i):
@@ -131,7 +245,7 @@ class Layers:
         gate, up = b.proj, b.proj + CHUNK * ffn * F32
         self.matmul(pre + "ffn_gate.weight", b.h, gate, t)
         self.matmul(pre + "ffn_up.weight", b.h, up, t)
-        self.lib.call("lb_df_swiglu", gate, up, b.act, t * ffn, None)
+        self._call("lb_df_swiglu", gate, up, b.act, t * ffn, None)
         self.matmul(pre + "ffn_down.weight", b.act, b.x, t, accumulate=1)
 
     def deltanet(self, i: int, p: Pass) -> None:
@@ -148,12 +262,12 @@ class Layers:
         self.matmul(pre + "ssm_beta.weight", b.h, beta_in, p.t)
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
         if p.mode == "tree":
-            self.lib.call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,
+            self._call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,
                           L.t_v, L.t_g, L.t_beta, b.tree_o, b.saves, p.max_saves, b.act, p.t, cfg.hk, cfg.hv,
                           cfg.eps, None)
         else:
             fn = "lb_gdn_decode_step" if p.mode == "step" else "lb_gdn_prefill"
-            self.lib.call(fn, qkv, a, beta_in, z, *w, L.conv, L.state, b.act, b.gdn_scratch, p.t, cfg.hk, cfg.hv,
+            self._call(fn, qkv, a, beta_in, z, *w, L.conv, L.state, b.act, b.gdn_scratch, p.t, cfg.hk, cfg.hv,
                           cfg.eps, None)
         self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t, accumulate=1)
 
@@ -168,39 +282,57 @@ class Layers:
         self.matmul(pre + "attn_v.weight", b.h, v, p.t)
         # tree slots sit at positions n_past + depth but in cache rows n_past + slot
         positions = b.positions if p.mode == "tree" else None
-        self.lib.call("lb_attn_prep", qg, 2 * nh * hd, k, v, nkv * hd, self.v[pre + "attn_q_norm.weight"],
+        self._call("lb_attn_prep", qg, 2 * nh * hd, k, v, nkv * hd, self.v[pre + "attn_q_norm.weight"],
                       self.v[pre + "attn_k_norm.weight"], positions, p.pos0, b.qf, L.kc, L.vc, KV_F16, p.t, nh, nkv,
                       self.max_ctx, cfg.rope_dims, cfg.eps, cfg.rope_theta, None)
         common = (b.qf, L.kc, L.vc, KV_F16, qg + hd * F32, 2 * nh * hd, 2 * hd, b.act, b.partials)
         if p.mode == "step":
-            self.lib.call("lb_attn_decode", *common, ATTN_SPLITS_ONE, p.pos0 + 1, nh, nkv, self.max_ctx, None)
+            self._call("lb_attn_decode", *common, ATTN_SPLITS_ONE, p.pos0 + 1, nh, nkv, self.max_ctx, None)
         elif p.mode == "prefill":
-            self.lib.call("lb_attn_causal", *common, ATTN_SPLITS_MANY, p.t, p.pos0, nh, nkv, self.max_ctx, None)
+            self._call("lb_attn_causal", *common, ATTN_SPLITS_MANY, p.t, p.pos0, nh, nkv, self.max_ctx, None)
         else:
-            self.lib.call("lb_attn_tree", *common, ATTN_SPLITS_MANY, b.masks, p.t, p.pos0, nh, nkv, self.max_ctx,
+            self._call("lb_attn_tree", *common, ATTN_SPLITS_MANY, b.masks, p.t, p.pos0, nh, nkv, self.max_ctx,
                           None)
         self.matmul(pre + "attn_output.weight", b.act, b.x, p.t, accumulate=1)
 
     def head(self, row0: int, n: int) -> None:
         """logits[0..n) = LM head of RMSNorm1p(x[row0 .. row0 + n))."""
+        if self.use_programs:
+            self._program(("head", row0, n), lambda _: self.issue_head(row0, n)).run({})
+        else:
+            self.issue_head(row0, n)
+
+    def issue_head(self, row0: int, n: int) -> None:
         b = self.b
         head = "token_embd.weight" if self.cfg.tied else "output.weight"
-        self.lib.call("lb_df_rmsnorm", b.x + row0 * self.cfg.hidden * F32, self.v["output_norm.weight"], b.h, n,
-                      self.cfg.hidden, self.cfg.eps, None)
+        self._call("lb_df_rmsnorm", b.x + row0 * self.cfg.hidden * F32, self.v["output_norm.weight"], b.h, n,
+                   self.cfg.hidden, self.cfg.eps, None)
         self.matmul(head, b.h, b.logits, n)
 
     def topk(self, n: int, k: int) -> None:
         """topk_ids[0..n, 0..k) = the k best columns of logits rows 0..n (lb_df_topk; k = 1: argmax)."""
+        if self.use_programs:
+            self._program(("topk", n, k), lambda _: self.issue_topk(n, k)).run({})
+        else:
+            self.issue_topk(n, k)
+
+    def issue_topk(self, n: int, k: int) -> None:
         b, v = self.b, self.cfg.vocab
-        self.lib.call("lb_df_topk", b.logits, n, v, v, k, b.topk_scratch, b.topk_ids, None, None)
+        self._call("lb_df_topk", b.logits, n, v, v, k, b.topk_scratch, b.topk_ids, None, None)
 
     def commit(self, n: int, n_past: int) -> None:
         """Fold the accepted path (already in b.path, n slots) into states, conv windows and KV rows."""
+        if self.use_programs:
+            self._program(("commit", n), lambda _: self.issue_commit(n, Sym("n_past"))).run({"n_past": n_past})
+        else:
+            self.issue_commit(n, n_past)
+
+    def issue_commit(self, n: int, n_past: Any) -> None:
         cfg, b = self.cfg, self.b
         for L in b.gdn.values():
-            self.lib.call("lb_gdn_commit", L.t_k, L.t_v, L.t_g, L.t_beta, L.t_pre, cfg.conv_channels, L.state, L.conv,
-                          b.path, n, cfg.hk, cfg.hv, None)
+            self._call("lb_gdn_commit", L.t_k, L.t_v, L.t_g, L.t_beta, L.t_pre, cfg.conv_channels, L.state, L.conv,
+                       b.path, n, cfg.hk, cfg.hv, None)
         for L in b.attn.values():
             for cache in (L.kc, L.vc):
-                self.lib.call("lb_df_kv_compact", cache, b.path, n, n_past, cfg.n_kv_heads, self.max_ctx,
-                              cfg.head_dim, None)
+                self._call("lb_df_kv_compact", cache, b.path, n, n_past, cfg.n_kv_heads, self.max_ctx,
+                           cfg.head_dim, None)

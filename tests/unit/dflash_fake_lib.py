@@ -28,21 +28,50 @@ def view(ptr, dtype, count: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=int(count))
 
 
+class _Fns:
+    """`lib.fn.<name>` of the fake: the op as a function returning LB_OK (0) like the C one, recorded
+    in calls (and in log when that is a list); size queries return their value. Only ops the fake
+    implements exist (hasattr is how the engine asks)."""
+
+    def __init__(self, lib: "FakeLib"):
+        self._lib = lib
+
+    def __getattr__(self, name: str):
+        if not name.startswith("lb_"):
+            raise AttributeError(name)
+        op = getattr(self._lib, name)
+        lib = self._lib
+
+        def fn(*args):
+            lib.calls.append(name)
+            if lib.log is not None:
+                lib.log.append((name, args))
+            out = op(*args)
+            return 0 if out is None else out
+
+        self.__dict__[name] = fn
+        return fn
+
+
 class FakeLib:
-    """`call(name, *args)` like _lib.Lib; `fn.<size query>` like its ctypes functions."""
+    """`call(name, *args)` and `check(status, what)` like _lib.Lib; `fn.<name>` like its ctypes functions."""
 
     def __init__(self):
         self._mem: dict[int, np.ndarray] = {}
         self._wcache: dict[tuple, np.ndarray] = {}
         self.calls: list[str] = []
-        self.fn = self
+        self.log: list | None = None  # set to [] to record (name, args) of every call
+        self.fn = _Fns(self)
 
     def device_props(self, dev: int) -> dict:
         return {"total_mem_bytes": 8 << 30, "name": "emulated"}
 
     def call(self, name: str, *args) -> None:
-        self.calls.append(name)
-        getattr(self, name)(*args)
+        self.check(getattr(self.fn, name)(*args), name)
+
+    def check(self, status: int, what: str) -> None:
+        if status:
+            raise RuntimeError(f"{what}: status {status}")
 
     # -- memory --
     def lb_dev_alloc(self, nbytes, out):
@@ -252,3 +281,99 @@ def _rope(x, pos, rope_dims, theta):
     cos, sin = np.cos(ang).astype(np.float32)[:, None, :], np.sin(ang).astype(np.float32)[:, None, :]
     a, b = x[..., :half], x[..., half : 2 * half]
     return np.concatenate([a * cos - b * sin, b * cos + a * sin, x[..., 2 * half :]], axis=-1)
+
+
+# -- host-overhead measurement: the real ctypes path with kernels that do nothing ----------------------
+
+# by ctypes class name (c_uint64 is c_ulong and c_int32 is c_int on Linux x86-64)
+_C_TYPES = {"c_int": "int", "c_uint": "unsigned int", "c_long": "long", "c_ulong": "unsigned long",
+            "c_ulonglong": "unsigned long long", "c_float": "float", "c_void_p": "void *",
+            "c_char_p": "const char *"}
+
+
+def _c_type(t) -> str:
+    name = getattr(t, "__name__", "")
+    if name in _C_TYPES:
+        return _C_TYPES[name]
+    if name.startswith("LP_"):  # POINTER(...): host pointers are opaque here
+        return "void *"
+    raise TypeError(f"no C spelling for ctypes type {t!r}")
+
+
+def stub_source() -> str:
+    """C source with every function of _lib.DECLS taking the declared arguments and doing nothing: LB_OK,
+    0 bytes, NULL strings; lb_dev_alloc hands out distinct fake addresses (never dereferenced) and
+    lb_dev_d2h zero-fills the host destination."""
+    from lucebox_cli.engines._lib import ABI_VERSION, DECLS
+
+    lines = ["static unsigned long long next_addr = 1ull << 40;"]
+    for name, (restype, argtypes) in DECLS.items():
+        params = ", ".join(f"{_c_type(t)} a{i}" for i, t in enumerate(argtypes)) or "void"
+        ret = "const char *" if restype is ctypes.c_char_p else _c_type(restype)
+        if name == "lb_dev_alloc":
+            body = ("*(unsigned long long *)a1 = next_addr; next_addr += (a0 + 4095) / 4096 * 4096 + 4096; "
+                    "return 0;")
+        elif name == "lb_dev_d2h":  # host destination: zeros (token id 0, logits 0), never garbage
+            body = "for (unsigned long a = 0; a < a2; ++a) ((unsigned char *)a0)[a] = 0; return 0;"
+        elif name == "lb_abi_version":
+            body = f"return {ABI_VERSION};"
+        elif ret == "const char *":
+            body = "return 0;"
+        else:
+            body = "(void)0; return 0;"
+        lines.append(f"__attribute__((visibility(\"default\"))) {ret} {name}({params}) {{ {body} }}")
+    return "\n".join(lines) + "\n"
+
+
+def stub_lib(workdir):
+    """An _lib.Lib over a compiled stub of the whole C API (needs a C compiler): the engine's host side runs
+    exactly as on a GPU machine, argument conversion and status checks included, with no device work."""
+    import subprocess
+    from pathlib import Path
+
+    from lucebox_cli.engines import _lib
+
+    workdir = Path(workdir)
+    src, so = workdir / "lb_stub.c", workdir / "liblb_stub.so"
+    src.write_text(stub_source())
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    return _lib.Lib(path=so, cdll=_lib._open(str(so), so.stat().st_mtime_ns))
+
+
+def host_times(gguf, lib, *, steps: int = 200, verifies: int = 50, tree_n: int = 23) -> dict:
+    """Host milliseconds per greedy decode step and per greedy tree verify of the engine over `lib` (the
+    stub: no device time at all), after one untimed warm-up of each. Every call feeds token 1 (the stub's
+    device argmax reads back as 0)."""
+    import time
+
+    from lucebox_cli.bench.runner import verify_tree
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+    eng = DFlashTargetEngine(gguf, max_context=steps + 4 * tree_n + 64, budget=tree_n - 1, lib=lib,
+                             card_bytes=1 << 40)
+    try:
+        eng.prefill([1, 2, 3])
+        eng.step_argmax(1)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            eng.step_argmax(1)
+        step_ms = (time.perf_counter() - t0) / steps * 1e3
+        tree = verify_tree(tree_n, eng.cfg.vocab)
+        eng.verify_argmax(tree)
+        t0 = time.perf_counter()
+        for _ in range(verifies):
+            eng.verify_argmax(tree)
+        verify_ms = (time.perf_counter() - t0) / verifies * 1e3
+        return {"layers": eng.cfg.n_layers, "step_ms": step_ms, "verify_ms": verify_ms}
+    finally:
+        eng.close()
+
+
+if __name__ == "__main__":
+    # python tests/unit/dflash_fake_lib.py MODEL.gguf: host time per step / verify over the stub library
+    import json
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        print(json.dumps(host_times(sys.argv[1], stub_lib(d))))

@@ -149,3 +149,70 @@ def test_greedy_entry_points_copy_ids_only(gguf, cpu_model):
     assert gpu.device_topk(23, 1)[:, 0].tolist() == np.argmax(full.logits, axis=-1).tolist()
     gpu.commit(tree.path_to(int(np.argmax(tree.depth))))
     gpu.close()
+
+
+def _session(gpu, ids, trees):
+    """prefill (two chunks), greedy steps, a verify + commit, more steps, a greedy verify + commit."""
+    out = [gpu.prefill(ids)]
+    tok = int(np.argmax(out[-1]))
+    for _ in range(3):
+        out.append(gpu.step(tok))
+        tok = int(np.argmax(out[-1]))
+    for tree in trees:
+        res = gpu.verify(tree)
+        out.append(res.logits)
+        gpu.commit(tree.path_to(int(np.argmax(tree.depth))))
+        tok = gpu.step_argmax(tok)
+        out.append(np.asarray([tok]))
+    out.append(gpu.features)
+    return out
+
+
+def test_programs_issue_the_reference_calls(gguf, cpu_model):
+    """The prebuilt call lists (recorded once per (mode, t), n_past and save counts patched per call) give
+    the same calls, argument for argument, and the same results as issuing every call directly."""
+    gpu, _, lib = engines(gguf, cpu_model)
+    ids = np.random.default_rng(11).integers(0, 4096, 70)
+    trees = [branched_tree(12, 17, 4096), branched_tree(13, 17, 4096), branched_tree(14, 23, 4096)]
+    runs = {}
+    for programs in (True, False):
+        gpu.reset()
+        gpu._layers.use_programs = programs
+        lib.log = []
+        res = _session(gpu, ids, trees)
+        runs[programs] = (lib.log, res)
+        lib.log = None
+    (log_p, res_p), (log_d, res_d) = runs[True], runs[False]
+    assert [n for n, _ in log_p] == [n for n, _ in log_d]
+    host_arg = {"lb_dev_h2d": 1, "lb_dev_d2h": 0}  # a numpy array's address: differs between runs
+    for (name, a), (_, b) in zip(log_p, log_d):
+        if name in host_arg:
+            a, b = [tuple(x for j, x in enumerate(c) if j != host_arg[name]) for c in (a, b)]
+        assert a == b, name
+    for a, b in zip(res_p, res_d):
+        assert np.array_equal(a, b)
+    # the step pass was recorded once and replayed at 6 other positions, the 17-slot tree pass twice
+    assert ("pass", "step", 1) in gpu._layers._programs and ("pass", "tree", 17) in gpu._layers._programs
+    gpu.close()
+
+
+def test_stub_library_takes_every_call(gguf, tmp_path):
+    """Over a compiled stub of the whole C API (real ctypes argtypes, no device), every pass's prebuilt
+    arguments convert to the declared C types, and host_times measures something."""
+    import shutil
+
+    from dflash_fake_lib import host_times, stub_lib
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    lib = stub_lib(tmp_path)
+    gpu = DFlashTargetEngine(gguf, max_context=256, budget=22, tap_layers=TAPS, lib=lib, card_bytes=8 << 30)
+    gpu.prefill(list(range(70)))
+    gpu.step_argmax(1)
+    tree = branched_tree(5, 23, 4096)
+    gpu.verify(tree, want_logits=False)
+    gpu.commit(tree.path_to(int(np.argmax(tree.depth))))
+    assert gpu.n_past == 71 + int(tree.depth.max()) + 1
+    gpu.close()
+    t = host_times(gguf, lib, steps=5, verifies=2)
+    assert t["layers"] == 4 and 0 < t["step_ms"] < 1e3 and 0 < t["verify_ms"] < 1e3

@@ -48,3 +48,30 @@ def test_reads_back_with_mix_types(tiny):
             assert np.isfinite(w).all(), name
             if w.ndim == 2:
                 assert 0.002 < float(w.std()) < 0.2, (name, float(w.std()))
+
+
+def test_bytes_do_not_depend_on_jobs(tiny, tmp_path):
+    """Tensors are generated on worker threads, each from its own (seed, index) stream: the file is the same
+    byte for byte with one thread or three, and another seed changes the weights, not the header."""
+    m, cfg, path = tiny
+    one, three, other = tmp_path / "j1.gguf", tmp_path / "j3.gguf", tmp_path / "s1.gguf"
+    assert m.main([str(one), "--layers", "4", "--hidden", "256", "--ffn", "512", "--jobs", "1"]) == 0
+    assert m.main([str(three), "--layers", "4", "--hidden", "256", "--ffn", "512", "--jobs", "3"]) == 0
+    assert m.main([str(other), "--layers", "4", "--hidden", "256", "--ffn", "512", "--seed", "1"]) == 0
+    a, b, c = one.read_bytes(), three.read_bytes(), other.read_bytes()
+    assert a == b == path.read_bytes()
+    assert len(c) == len(a) and c != a
+
+
+def test_random_blocks_scales():
+    """Every block's fp16 scale fields are finite and positive as BLOCK_SCALES says, on an odd block count."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import make_random_27b as m
+
+    for qtype, (block, size, scales) in m.BLOCK_SCALES.items():
+        data = m.random_blocks(qtype, (3, 5 * block), m.tensor_rng(0, 7)).reshape(-1, size)
+        assert data.shape == (15, size)
+        for offset, value in scales:
+            d = data[:, offset : offset + 2].copy().view(np.float16).astype(np.float32).reshape(-1)
+            assert np.isfinite(d).all() and (np.abs(d) >= abs(value) * 0.99).all(), qtype
+            assert (np.abs(d) <= 2 * abs(value) * 1.01).all() and (np.sign(d) == np.sign(value)).all(), qtype
