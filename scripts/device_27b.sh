@@ -39,7 +39,7 @@ F=$DIR/random-qwen3.5-27b-Q4_K_M.gguf
 echo "== write $F" | tee -a "$S"
 t0=$SECONDS
 # MAKE_ARGS (e.g. "--layers 4 --hidden 256 --ffn 512") only for a dry run of this script on a small file
-timeout "${MAKE_TIMEOUT:-140}" python3 scripts/make_random_27b.py "$F" ${MAKE_ARGS:-} >> "$OUT/make.log" 2>&1
+timeout "${MAKE_TIMEOUT:-120}" python3 scripts/make_random_27b.py "$F" ${MAKE_ARGS:-} >> "$OUT/make.log" 2>&1
 rc=$?
 echo "make rc=$rc in $((SECONDS - t0)) s" | tee -a "$S"
 tail -c 300 "$OUT/make.log" | tr '\r' '\n' | tail -1 | tee -a "$S"
@@ -47,7 +47,7 @@ tail -c 300 "$OUT/make.log" | tr '\r' '\n' | tail -1 | tee -a "$S"
 
 echo "== bench speed (pp520, tg128, tg128@d4096, verify23)" | tee -a "$S"
 t0=$SECONDS
-timeout "${BENCH_TIMEOUT:-200}" "${LB[@]}" bench speed "$F" --engine cuda -p 520 -n 128 -d 4096 --verify-n 23 -r 3 \
+timeout "${BENCH_TIMEOUT:-220}" "${LB[@]}" bench speed "$F" --engine cuda -p 520 -n 128 -d 4096 --verify-n 23 -r 3 \
   --json > "$OUT/bench27.json" 2> "$OUT/bench27.log"
 echo "bench rc=$? in $((SECONDS - t0)) s" | tee -a "$S"
 python3 - "$OUT/bench27.json" <<'PY' 2>> "$OUT/bench27.log" | tee -a "$S"
