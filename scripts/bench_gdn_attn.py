@@ -99,9 +99,34 @@ def main(argv: list[str]) -> int:
         for i, s in enumerate(states):
             lib.call("lb_gdn_commit", P(k), P(v), P(g), P(beta), P(pre), c, P(s), P(conv[i]), P(path), 8, HK, HV, sp)
 
+    # whole layers as the engine calls them (conv + SiLU + norms, the rule, gated RMSNorm): the verify
+    # must be judged on these, not on the rule alone
+    convs = [torch.randn(3, c, **f32) for _ in range(N_GDN)]
+    conv_w, ssm_a = torch.randn(c, 4, **f32) * 0.5, -torch.rand(HV, **f32) - 0.5
+    dt_bias, norm_w = torch.randn(HV, **f32) * 0.5, torch.ones(D, **f32)
+    a_in, b_in, z = torch.randn(n, HV, **f32), torch.randn(n, HV, **f32), torch.randn(n, HV * D, **f32)
+    y = torch.empty(n, HV * D, **f32)
+    tq, tk = torch.empty(n, HK, D, **f32), torch.empty(n, HK, D, **f32)
+    tv, tg, tb = torch.empty(n, HV, D, **f32), torch.empty(n, HV, **f32), torch.empty(n, HV, **f32)
+    scratch = torch.empty(int(lib.fn.lb_gdn_step_scratch_bytes(1, HK, HV)) // 4 + 1, **f32)
+    wts = [P(conv_w), P(ssm_a), P(dt_bias), P(norm_w)]
+    eps = ctypes.c_float(1e-6)
+
+    def gdn_decode_layer():
+        for i, s in enumerate(states):
+            lib.call("lb_gdn_decode_step", P(pre), P(a_in), P(b_in), P(z), *wts, P(convs[i]), P(s), P(y), P(scratch),
+                     1, HK, HV, eps, sp)
+
+    def gdn_verify_layer():
+        for i, s in enumerate(states):
+            lib.call("lb_gdn_tree_verify", P(pre), P(a_in), P(b_in), P(z), *wts, P(convs[i]), P(s), P(parents),
+                     P(tq), P(tk), P(tv), P(tg), P(tb), P(o), P(saves), n_saves.value, P(y), n, HK, HV, eps, sp)
+
     rows.append(timed("gdn decode step (delta, 48 layers)", gdn_decode, 2 * state_bytes))
     rows.append(timed(f"gdn tree verify N={n} ({n_saves.value} saves, 48 layers)", gdn_tree, state_bytes))
     rows.append(timed("gdn commit replay of 8 slots (48 layers)", gdn_commit, 2 * state_bytes))
+    rows.append(timed("gdn decode layer (lb_gdn_decode_step, 48 layers)", gdn_decode_layer, 2 * state_bytes))
+    rows.append(timed(f"gdn verify layer N={n} (lb_gdn_tree_verify, 48 layers)", gdn_verify_layer, state_bytes))
 
     ctx = args.ctx
     max_ctx = ctx + 64

@@ -17,14 +17,17 @@ constexpr int D = 128;        // dk = dv
 constexpr int KCONV = 4;      // conv kernel width (state keeps KCONV - 1 inputs)
 constexpr int MAX_TREE = 64;  // tree slots per verify (the attention mask is one uint64 per slot)
 
-// The delta kernels split a head's [dk, dv] state along dv: columns are independent given k, q, so
-// each block streams a [128, DVS] slice. 128 threads: thread t owns column quad jq = t & 3 (columns
-// 4·jq .. 4·jq+3 of the slice) and rows rg + 32·m (rg = t >> 2, m = 0..3): 16 fp32 values, loaded as
-// four float4 (a warp reads 8 full 64-byte row segments).
-constexpr int DVS = 16;
+// The delta kernel splits a head's [dk, dv] state along dv: columns are independent given k, q, so
+// each block streams a [128, DVS] slice, one warp per DELTA_WCOLS columns. A warp walks its steps
+// alone (no block barrier inside the walk): lane l owns column quad cq = l & 1 of the warp's 8 columns
+// and the 8 contiguous rows 8·(l >> 1) .. +7, 32 fp32 values in registers; two lanes read one 32-byte
+// sector of a row. The Sᵀk / Sᵀq column sums reduce over the 16 lanes sharing cq (4 shuffle levels).
+constexpr int DELTA_WARPS = 2;
+constexpr int DELTA_WCOLS = 8;
+constexpr int DVS = DELTA_WARPS * DELTA_WCOLS;  // 16 columns per block
 constexpr int NSLICE = D / DVS;
-constexpr int DELTA_THREADS = 128;
-constexpr int ROWS_PER_THREAD = D / (DELTA_THREADS / (DVS / 4));  // 4
+constexpr int DELTA_THREADS = DELTA_WARPS * 32;
+constexpr int ROWS_PER_THREAD = D / 16;  // 8 (16 row groups per warp)
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }

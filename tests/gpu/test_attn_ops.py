@@ -120,6 +120,24 @@ def test_attn_tree(kv, nh, nkv, n_past, n, splits):
 
 
 @pytest.mark.parametrize("kv", list(KV))
+@pytest.mark.parametrize("splits", [1, 64], ids=["one", "split"])
+def test_attn_tree_nan_past_the_tree(kv, splits):
+    """Cache rows past the tree's hold NaN (never written in a real cache): the kernels must not let
+    them into the output (the tensor-core tree kernel zero-fills keys past the end of its range)."""
+    nh, nkv, n_past, n = 24, 4, 70, 23
+    par = random_tree(n, 3)
+    anc = Tree(np.zeros(n, dtype=np.int64), par).ancestor_mask()
+    c = Case(nh, nkv, KV[kv], n_past + n, n, seed=11)
+    want = c.want(n_past + n, np.concatenate([np.ones((n, n_past), dtype=bool), anc], axis=1))
+    c.kbits[:, n_past + n :] = 0xFFFF
+    c.vbits[:, n_past + n :] = 0xFFFF
+    with Pool() as p:
+        masks = p.of(mask_bits(anc))
+        got = c.run("lb_attn_tree", splits, masks.ptr, n, n_past, nh, nkv, c.max_ctx, None)
+    assert_close(got, want, TOL, "tree with NaN rows after it")
+
+
+@pytest.mark.parametrize("kv", list(KV))
 @pytest.mark.parametrize("nh,nkv", GROUPS, ids=GROUP_IDS)
 @pytest.mark.parametrize("pos0,t", [(0, 1), (0, 7), (50, 130), (0, 520)])
 def test_attn_causal(kv, nh, nkv, pos0, t):

@@ -157,7 +157,7 @@ def test_conv_prep_tree(hk, hv, n, seed):
 
 
 @pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
-@pytest.mark.parametrize("t", [1, 7])
+@pytest.mark.parametrize("t", [1, 7, 130])  # 130: three prefetch bursts of at most 64 steps
 def test_delta_recurrent(hk, hv, t):
     q, k, v, g, beta, state = delta_inputs(t, hk, hv, 20 + t)
     o_ref, s_ref = gated_delta_recurrent(q, k, v, g, beta, state)
@@ -203,6 +203,23 @@ def test_delta_tree_and_commit(hk, hv, n, seed):
         assert_close(st.get(f32, state.shape), states[leaf], TOL, f"committed state after path {path.tolist()}")
         want_conv = np.concatenate([conv0, pre[path]], axis=0)[-3:]
         assert np.array_equal(conv.get(f32, (3, c)), want_conv), "conv state after commit"
+
+
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+def test_delta_tree_many_saves(hk, hv):
+    """A comb: a 20-slot spine, each spine slot also parent of a side slot -> 20 saves, more than the
+    kernel keeps in shared memory, so the walk mixes on-chip and global saves (and the 40-step burst)."""
+    n = 40
+    par = np.array([-1] + list(range(19)) + list(range(20)), dtype=np.int32)
+    q, k, v, g, beta, state = delta_inputs(n, hk, hv, 41)
+    o_ref, _ = gated_delta_tree(q, k, v, g, beta, state, par)
+    n_saves = _tree_plan(par)
+    assert n_saves == 20
+    with Pool() as p:
+        o, saves = p.nan(n * hv * D * 4), p.nan(n_saves * hv * D * D * 4)
+        call("lb_gdn_delta", p.of(q).ptr, p.of(k).ptr, p.of(v).ptr, p.of(g).ptr, p.of(beta).ptr, p.of(state).ptr,
+             o.ptr, p.of(par).ptr, saves.ptr, n_saves, n, hk, hv, 0, None)
+        assert_close(o.get(f32, (n, hv, D)), o_ref, TOL, "comb tree o")
 
 
 def test_tree_scratch_too_small_poisons():
