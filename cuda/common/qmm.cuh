@@ -16,10 +16,18 @@
 //   by two blocks: results are reproducible to fp32 rounding, not bitwise.
 // - x is read with 16-byte __ldg from L1 (the four warps of a block walk the same k in step), weights
 //   with L1::no_allocate so they do not evict it.
+// - Two kernels over the same items and arithmetic: qmm_kernel loads each item's weights into registers
+//   as it starts it; qmm_ring_kernel keeps each warp's next items in flight through a cp.async ring in
+//   shared memory. The ring is used only where it measured faster: Q8_0 (bound by bytes in flight) at
+//   n <= 8 on tensors of 48 MiB or more. The K-quants are bound by their dequantization instructions,
+//   and the ring's extra copies made them slower (docs/perf.md, 27B GEMV "v3").
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -31,6 +39,7 @@ namespace q {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
+constexpr int kMaxDevices = 64;
 
 struct QmmArgs {
     const uint8_t* w;
@@ -68,6 +77,50 @@ __device__ __forceinline__ void qmm_flush(const QmmArgs& a, int64_t row0, float 
             }
 }
 
+// One item of one warp: the MT row tiles' 256-block kb (already in rr) times the NT column tiles of x.
+template <int QT, int NT, int MT>
+__device__ __forceinline__ void qmm_item(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
+                                         const float* const (&xcol)[NT], int kb, int t) {
+    using Tr = Traits<QT>;
+    static_for<Tr::kChunks>([&](auto C) {
+        static_for<Tr::kHiLo>([&](auto S) {
+            constexpr int c = decltype(C)::value, st = decltype(S)::value;
+            // scales once per chunk and step, for the four words that share them
+            Scales sc[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                sc[m][0] = Tr::template prep<c, st>(rr[m][0], t);
+                sc[m][1] = Tr::template prep<c, st>(rr[m][1], t);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int kk = kb * QK + Tr::kofs(C, u, S, t);
+                uint32_t b[NT][2];
+#pragma unroll
+                for (int ct = 0; ct < NT; ++ct) {
+                    const float4 xv = __ldg(reinterpret_cast<const float4*>(xcol[ct] + kk));
+                    b[ct][0] = h2_bits(__floats2half2_rn(xv.x, xv.z));
+                    b[ct][1] = h2_bits(__floats2half2_rn(xv.y, xv.w));
+                }
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    uint32_t a0, a1, a2, a3;
+                    Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
+                    Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
+#pragma unroll
+                    for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct][0], b[ct][1]);
+                }
+            }
+        });
+    });
+}
+
+// ---- the register kernel (every type and n) -----------------------------------------------------
+
+// Each warp loads an item's weights straight into registers at the top of the item, then computes it:
+// nothing is in flight across items. For the K-quants that is not what limits it (docs/perf.md, 27B GEMV
+// "v3": a cp.async ring keeping 2-4 items in flight per warp made them slower), the dequantization
+// instruction stream is.
 template <int QT, int NT, int MT>
 __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
     using Tr = Traits<QT>;
@@ -98,44 +151,18 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
         if (row0 < a.n_rows) {  // warp-uniform: a partial last group skips whole empty tiles
             typename Tr::Row rr[MT][2];
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                // rows past the end load the last row (in bounds, never stored)
-                const int64_t ra = min(row0 + 16 * m + g, a.n_rows - 1);
-                const int64_t rb = min(row0 + 16 * m + g + 8, a.n_rows - 1);
-                Tr::load(rr[m][0], a.w, a.n_rows, a.k, ra, kb, t);
-                Tr::load(rr[m][1], a.w, a.n_rows, a.k, rb, kb, t);
-            }
-            static_for<Tr::kChunks>([&](auto C) {
-                static_for<Tr::kHiLo>([&](auto S) {
-                    constexpr int c = decltype(C)::value, st = decltype(S)::value;
-                    // scales once per chunk and step, for the four words that share them
-                    Scales sc[MT][2];
+            for (int m = 0; m < MT; ++m)
 #pragma unroll
-                    for (int m = 0; m < MT; ++m) {
-                        sc[m][0] = Tr::template prep<c, st>(rr[m][0], t);
-                        sc[m][1] = Tr::template prep<c, st>(rr[m][1], t);
-                    }
+                for (int h = 0; h < 2; ++h) {
+                    // rows past the end load the last row (in bounds, never stored)
+                    const int64_t row = min(row0 + 16 * m + g + 8 * h, a.n_rows - 1);
 #pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        const int kk = kb * QK + Tr::kofs(C, u, S, t);
-                        uint32_t b[NT][2];
-#pragma unroll
-                        for (int ct = 0; ct < NT; ++ct) {
-                            const float4 xv = __ldg(reinterpret_cast<const float4*>(xcol[ct] + kk));
-                            b[ct][0] = h2_bits(__floats2half2_rn(xv.x, xv.z));
-                            b[ct][1] = h2_bits(__floats2half2_rn(xv.y, xv.w));
-                        }
-#pragma unroll
-                        for (int m = 0; m < MT; ++m) {
-                            uint32_t a0, a1, a2, a3;
-                            Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
-                            Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
-#pragma unroll
-                            for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct][0], b[ct][1]);
-                        }
-                    }
-                });
-            });
+                    for (int p = 0; p < Tr::kPieces; ++p)
+                        rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
+                    if constexpr (Tr::kD16)
+                        rr[m][h].d = __half2float(Traits<Q6_K>::d_array(a.w, a.n_rows, a.k)[row * nb + kb]);
+                }
+            qmm_item<QT, NT, MT>(rr, acc, xcol, kb, t);
         }
         if (kb + 1 == nb || it + 1 == end) {
             if (row0 < a.n_rows) qmm_flush<NT, MT>(a, row0, acc, g, t);
@@ -147,20 +174,258 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
     }
 }
 
-// Launch one configuration: grid = every block that fits at once (occupancy query × SMs), capped by
-// the item count. accumulate = 0 zeroes y first (the kernel only adds).
+// ---- the ring kernel (Q8_0, n <= 8, large tensors) ----------------------------------------------
+
+constexpr int kMaxStages = 8;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// 16 bytes global → shared, L2 only (each weight is used once); "memory" keeps the compiler from moving
+// the ring's earlier shared reads below the copy that overwrites them.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// wait_group takes an immediate; the stage count is chosen at launch, so pick the instruction here.
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+    switch (n) {
+        case 0: cp_async_wait<0>(); break;
+        case 1: cp_async_wait<1>(); break;
+        case 2: cp_async_wait<2>(); break;
+        case 3: cp_async_wait<3>(); break;
+        case 4: cp_async_wait<4>(); break;
+        case 5: cp_async_wait<5>(); break;
+        case 6: cp_async_wait<6>(); break;
+        default: cp_async_wait<kMaxStages - 1>(); break;
+    }
+}
+
+// One warp's stage: every lane's pieces for its 2·MT rows, stored [row r][piece p][lane] so that each
+// shared load of the consumer is 32 lanes × 16 contiguous bytes (no bank conflicts, and a lane reads
+// back only what it copied itself: no barrier).
+template <int QT, int MT>
+struct Stage {
+    static constexpr int kRows = 2 * MT;
+    static constexpr int kU4 = kRows * Traits<QT>::kPieces * 32;
+    static constexpr int kBytes = kU4 * 16;
+};
+
+// The register kernel's items, split and arithmetic, with the weights of each warp's next stages-1
+// items already in flight as cp.async into that warp's shared-memory ring. Q8_0 reads 2x the bytes of
+// Q4_K per weight for half the dequantization work, so it is bound by bytes in flight, and there the
+// ring pays: 60% → 66-72% of 4.0 TB/s on the 27B FFN tensors and 57% → 95% on a Q8_0 LM head. The
+// K-quants are bound by dequantization issue, and the ring's copies and shared loads (+40% SASS) made
+// them 15-25% slower (docs/perf.md, "v3"), so they stay on the register kernel.
+template <int QT, int NT, int MT>
+__global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stages) {
+    using Tr = Traits<QT>;
+    using St = Stage<QT, MT>;
+    static_assert(!Tr::kD16, "the ring copies 16-byte pieces only; Q6_K's 2-byte d would need its own path");
+    constexpr int kGroupRows = kWarps * MT * 16;
+    constexpr int kP = Tr::kPieces;
+    extern __shared__ uint4 qmm_ring[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nb = a.k / QK;
+    int64_t it = a.items * blockIdx.x / gridDim.x;
+    const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
+    if (it >= end) return;
+    const uint4* ring = qmm_ring + (size_t)warp * stages * St::kU4;
+    const uint32_t ring_s = smem_u32(ring);
+
+    auto issue = [&](int64_t grp_, int kb_, int slot) {
+        const int64_t row0_ = grp_ * kGroupRows + (int64_t)warp * MT * 16;
+        if (row0_ >= a.n_rows) return;  // warp-uniform; the consumer skips the same tile
+        const uint32_t base = ring_s + slot * St::kBytes;
+#pragma unroll
+        for (int r = 0; r < St::kRows; ++r) {
+            // rows past the end load the last row (in bounds, never stored)
+            const int64_t row = min(row0_ + 16 * (r >> 1) + g + 8 * (r & 1), a.n_rows - 1);
+#pragma unroll
+            for (int p = 0; p < kP; ++p)
+                cp_async16(base + ((r * kP + p) * 32 + lane) * 16, Tr::piece(a.w, a.n_rows, a.k, row, kb_, t, p));
+        }
+    };
+
+    const float* xcol[NT];
+#pragma unroll
+    for (int ct = 0; ct < NT; ++ct) xcol[ct] = a.x + (int64_t)min(8 * ct + g, a.n - 1) * a.k;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int ct = 0; ct < NT; ++ct)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][ct][e] = 0.0f;
+
+    int64_t grp = it / nb;
+    int kb = (int)(it - grp * nb);
+    // producer cursor: stages-1 items ahead of the consumer; one commit group per item (empty past the end)
+    int64_t pit = it, pgrp = grp;
+    int pkb = kb;
+    for (int s = 0; s < stages - 1; ++s) {
+        if (pit < end) {
+            issue(pgrp, pkb, s);
+            ++pit;
+            if (++pkb == nb) pkb = 0, ++pgrp;
+        }
+        cp_async_commit();
+    }
+    int slot = 0, pslot = stages - 1;
+    for (; it < end; ++it) {
+        if (pit < end) {
+            // into the slot consumed last iteration: every word of it went through qmm_item, so its
+            // shared loads have completed
+            issue(pgrp, pkb, pslot);
+            ++pit;
+            if (++pkb == nb) pkb = 0, ++pgrp;
+        }
+        cp_async_commit();
+        if (++pslot == stages) pslot = 0;
+        cp_async_wait_dyn(stages - 1);  // all but the newest stages-1 groups: this item's has landed
+        const int64_t row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
+        if (row0 < a.n_rows) {
+            const uint4* base = ring + slot * St::kU4;
+            typename Tr::Row rr[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int p = 0; p < kP; ++p) rr[m][h].v[p] = base[((2 * m + h) * kP + p) * 32 + lane];
+            qmm_item<QT, NT, MT>(rr, acc, xcol, kb, t);
+        }
+        if (kb + 1 == nb || it + 1 == end) {
+            if (row0 < a.n_rows) qmm_flush<NT, MT>(a, row0, acc, g, t);
+        }
+        if (++slot == stages) slot = 0;
+        if (++kb == nb) {
+            kb = 0;
+            ++grp;
+        }
+    }
+}
+
+// The ring only where it was measured faster (H200, docs/perf.md "v3"): Q8_0, up to one column tile,
+// tensors of 48 MiB or more (the 27B FFN and QKV shapes and LM heads). On the ~33 MB attention tensors
+// the register kernel's eight resident blocks per SM (the ring kernel fits five) won, and at n ≥ 23 the
+// x loads, not the weights, set the pace.
+template <int QT, int NT>
+constexpr bool kRingType = QT == Q8_0 && NT == 1;
+constexpr int64_t kRingMinBytes = int64_t(48) << 20;
+
+// ---- launch ---------------------------------------------------------------------------------------
+
+// Launch shape of one kernel on one device, worked out once per process and device (the occupancy
+// queries and attribute calls cost microseconds, as much as a small GEMV's whole run).
+struct QmmConfig {
+    int sms = 0, grid_per_sm = 0, stages = 0;
+    size_t smem = 0;
+    int status = LB_OK;
+};
+
+// Ring depth: enough that blocks × (stages − 1) × stage bytes ≈ kInflight of weight copies are
+// outstanding per SM while one stage is computed (Little's law: ~15 B/cycle per SM at 4 TB/s × ~3k cycles
+// of loaded latency ≈ 48 KB), capped by the SM's shared memory; fewer blocks only if two stages do not
+// fit. Measured: 48, 96 and 192 KB gave the same Q8_0 times (all two stages: the shared memory caps it).
+constexpr size_t kInflight = 48 * 1024;
+
+template <int QT, int NT, int MT, bool kRing>
+QmmConfig qmm_config_compute(int dev) {
+    QmmConfig c;
+    int by_regs = 0;
+    auto fail = [&](cudaError_t e) {
+        c.status = set_cuda_error(e, "qmm launch configuration", __FILE__, __LINE__);
+        return c;
+    };
+    cudaError_t e;
+    if ((e = cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess) return fail(e);
+    if constexpr (!kRing) {
+        if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, qmm_kernel<QT, NT, MT>, kThreads, 0)) !=
+            cudaSuccess)
+            return fail(e);
+        c.grid_per_sm = std::max(by_regs, 1);
+        return c;
+    } else {
+        auto kernel = qmm_ring_kernel<QT, NT, MT>;
+        int smem_sm = 0, smem_block = 0;
+        if ((e = cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev)) != cudaSuccess)
+            return fail(e);
+        if ((e = cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess)
+            return fail(e);
+        if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, kernel, kThreads, 0)) != cudaSuccess)
+            return fail(e);
+        const size_t stage_block = (size_t)kWarps * Stage<QT, MT>::kBytes;
+        int blocks = 0;
+        for (int b = std::max(by_regs, 1); b >= 1 && !blocks; --b) {
+            // the hardware reserves 1 KB of shared memory per resident block
+            const size_t per_block = std::min<size_t>((size_t)smem_block, (size_t)smem_sm / b - 1024);
+            const int fit = (int)std::min<size_t>(kMaxStages, per_block / stage_block);
+            if (fit < 2) continue;
+            const int want = 1 + (int)ceil_div((int64_t)kInflight, (int64_t)(b * stage_block));
+            c.stages = std::max(2, std::min(fit, want));
+            blocks = b;
+        }
+        if (!blocks) {
+            c.status = set_error(LB_ERR_UNSUPPORTED, "qmm: two %zu-byte stages do not fit in shared memory", stage_block);
+            return c;
+        }
+        c.smem = (size_t)c.stages * stage_block;
+        if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem)) != cudaSuccess)
+            return fail(e);
+        // just the shared memory those blocks need; the rest of the SM's L1/shared array stays L1 (x lives there)
+        const int pct = (int)std::min<int64_t>(100, ceil_div((int64_t)100 * blocks * ((int64_t)c.smem + 1024), smem_sm));
+        if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct)) != cudaSuccess)
+            return fail(e);
+        if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.grid_per_sm, kernel, kThreads, c.smem)) !=
+            cudaSuccess)
+            return fail(e);
+        c.grid_per_sm = std::max(c.grid_per_sm, 1);
+        return c;
+    }
+}
+
+template <int QT, int NT, int MT, bool kRing>
+int qmm_config(QmmConfig& out) {
+    static std::mutex mu;
+    static QmmConfig cache[kMaxDevices];
+    int dev = 0;
+    LB_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= kMaxDevices) return set_error(LB_ERR_UNSUPPORTED, "qmm: device %d out of range", dev);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!cache[dev].sms) {
+        QmmConfig c = qmm_config_compute<QT, NT, MT, kRing>(dev);
+        if (c.status != LB_OK) return c.status;
+        cache[dev] = c;
+    }
+    out = cache[dev];
+    return LB_OK;
+}
+
+// Launch one configuration: grid = every block that fits at once, capped by the item count.
+// accumulate = 0 zeroes y first (the kernels only add).
 template <int QT, int NT, int MT>
 int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                cudaStream_t stream) {
     constexpr int kGroupRows = kWarps * MT * 16;
     QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
-    int dev = 0, sms = 0, per_sm = 0;
-    LB_CUDA_TRY(cudaGetDevice(&dev));
-    LB_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qmm_kernel<QT, NT, MT>, kThreads, 0));
-    const int64_t grid = std::min<int64_t>(a.items, (int64_t)std::max(per_sm, 1) * sms);
+    QmmConfig c;
+    const bool ring = kRingType<QT, NT> && tensor_bytes(QT, n_rows, k) >= kRingMinBytes;
+    int st = ring ? qmm_config<QT, NT, MT, kRingType<QT, NT>>(c) : qmm_config<QT, NT, MT, false>(c);
+    if (st != LB_OK) return st;
+    const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
     if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows * n, stream));
+    if constexpr (kRingType<QT, NT>) {
+        if (ring) {
+            qmm_ring_kernel<QT, NT, MT><<<(unsigned)grid, kThreads, c.smem, stream>>>(a, c.stages);
+            LB_LAUNCH_TRY();
+            return LB_OK;
+        }
+    }
     qmm_kernel<QT, NT, MT><<<(unsigned)grid, kThreads, 0, stream>>>(a);
     LB_LAUNCH_TRY();
     return LB_OK;

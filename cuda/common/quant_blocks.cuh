@@ -137,8 +137,10 @@ __device__ __forceinline__ void scale_min_k4(uint32_t s1, uint32_t s2, uint32_t 
 // Each provides:
 //   kChunks        16-byte chunk steps per lane and row in one 256-block;
 //   kHiLo          2 when a word gives two mma steps (low and high nibbles), 1 for Q8_0;
-//   Row            the registers of one row's block for this lane;
-//   load(r, w, n_rows, k, row, kb, t)      issue the loads;
+//   kPieces        16-byte loads per lane and row of one 256-block; Row holds them as v[0 .. kPieces-1]
+//                  (qmm_ring_kernel copies exactly these pieces into shared memory, lane by lane);
+//   kD16           Q6_K only: the row's fp16 d lives in the trailing d array, 2 bytes, outside the pieces;
+//   piece(w, n_rows, k, row, kb, t, p)    the global address of piece p;
 //   kofs(c, u, s, t)                       k within the block of byte 0 of word u, step s;
 //   prep<c, s>(r, t)                       the Scales of chunk c, step s (shared by its four words);
 //   frag<c, s>(r, k, u, t, s02, s13)       the two A half2 of word u's step: slots (2t, 2t+1) from
@@ -149,43 +151,45 @@ struct Traits;
 
 // Q4_K and Q5_K: chunk c, lane t reads qs bytes 64c + 16t .. +15, i.e. group j = 2c + (t >> 1),
 // r = 16(t & 1) + 4u + byte; lo weights are 64j + r (sub-block 2j), hi weights 64j + 32 + r (2j + 1).
+// Pieces: header (d|dmin, scales 0-3, 4-7, 8-11), Q5_K's qh bytes 16(t&1) .. +15, qs chunks 0 and 1.
 template <bool kFive>
 struct TraitsK45 {
     static constexpr int kChunks = 2;
     static constexpr int kHiLo = 2;
     static constexpr int kBlockBytes = kFive ? 176 : 144;
+    static constexpr int kPieces = kFive ? 4 : 3;
+    static constexpr bool kD16 = false;
+    static constexpr int kHdr = 0, kQh = 1, kQs = kFive ? 2 : 1;
     struct Row {
-        uint4 hdr;      // d|dmin, scales 0-3, 4-7, 8-11
-        uint4 qh;       // Q5_K: qh bytes 16(t&1) .. +15
-        uint4 qs[2];    // chunk c
+        uint4 v[kPieces];
+        float d;  // unused (kD16 is false); keeps Row one shape for every type
     };
-    __device__ static void load(Row& r, const uint8_t* w, int64_t, int k, int64_t row, int kb, int t) {
+    __device__ static const uint8_t* piece(const uint8_t* w, int64_t, int k, int64_t row, int kb, int t, int p) {
         const uint8_t* b = w + (row * (k / QK) + kb) * kBlockBytes;
-        r.hdr = ldg_stream(b);
-        if (kFive) r.qh = ldg_stream(b + 16 + 16 * (t & 1));
-        const uint8_t* qs = b + (kFive ? 48 : 16) + 16 * t;
-        r.qs[0] = ldg_stream(qs);
-        r.qs[1] = ldg_stream(qs + 64);
+        if (p == kHdr) return b;
+        if (kFive && p == kQh) return b + 16 + 16 * (t & 1);
+        return b + (kFive ? 48 : 16) + 16 * t + 64 * (p - kQs);
     }
     __device__ static int kofs(int c, int u, int s, int t) { return 64 * (2 * c + (t >> 1)) + 32 * s + 16 * (t & 1) + 4 * u; }
     template <int C, int S>
     __device__ static Scales prep(const Row& r, int t) {
         const int j = 2 * C + (t >> 1);  // qs group; sub-block 2j + S, below 4 exactly when C == 0
         int sc, mn;
-        scale_min_k4<C == 1>(r.hdr.y, r.hdr.z, r.hdr.w, (2 * j + S) & 3, sc, mn);
-        const float2 dm = __half22float2(bits_h2(r.hdr.x));
+        const uint4& h = r.v[kHdr];
+        scale_min_k4<C == 1>(h.y, h.z, h.w, (2 * j + S) & 3, sc, mn);
+        const float2 dm = __half22float2(bits_h2(h.x));
         // hi nibbles sit 4 bits up: the pair decodes to 1024 + 16q, so the scale carries the 1/16.
         return {__float2half2_rn(dm.x * (float)sc * (S ? 0.0625f : 1.0f)), __float2half2_rn(-dm.y * (float)mn)};
     }
     template <int C, int S>
     __device__ static void frag(const Row& r, const Scales& k, int u, int t, uint32_t& s02, uint32_t& s13) {
-        const uint32_t wq = (&r.qs[C].x)[u];
+        const uint32_t wq = (&r.v[kQs + C].x)[u];
         const uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
         uint32_t p02 = (wq & mask) | kMagic;
         uint32_t p13 = ((wq >> 8) & mask) | kMagic;
         if (kFive) {
             const int j = 2 * C + (t >> 1);
-            const uint32_t hb = (&r.qh.x)[u] >> (2 * j + S);
+            const uint32_t hb = (&r.v[kQh].x)[u] >> (2 * j + S);
             // 5th bit worth 16 (lo) or 256 (hi, in the 16q scale): bit 4 or bit 8 of each half
             p02 |= (hb & 0x00010001u) << (S ? 8 : 4);
             p13 |= ((hb >> 8) & 0x00010001u) << (S ? 8 : 4);
@@ -202,38 +206,36 @@ struct Traits<Q5_K> : TraitsK45<true> {};
 // Q6_K (device layout): chunk c = 128-weight half, lane t reads ql bytes 64c + 16t .. +15. With
 // l = 16t + 4u + byte, lo weights are 128c + l (scale 8c + t, qh bits 2(t >> 1)), hi weights
 // 128c + 64 + l (scale 8c + 4 + t, qh bits 4 + 2(t >> 1)); qh byte 32c + 16(t & 1) + 4u + byte.
+// Pieces: ql chunks 0 and 1, qh chunks 0 and 1, the 16 scales; d (fp16) from the trailing array.
 template <>
 struct Traits<Q6_K> {
     static constexpr int kChunks = 2;
     static constexpr int kHiLo = 2;
+    static constexpr int kPieces = 5;
+    static constexpr bool kD16 = true;
     struct Row {
-        uint4 ql[2];
-        uint4 qh[2];
-        uint4 sc;
+        uint4 v[kPieces];
         float d;
     };
-    __device__ static void load(Row& r, const uint8_t* w, int64_t n_rows, int k, int64_t row, int kb, int t) {
-        const int64_t nb = k / QK;
-        const uint8_t* b = w + (row * nb + kb) * kQ6Packed;
-        r.ql[0] = ldg_stream(b + 16 * t);
-        r.ql[1] = ldg_stream(b + 64 + 16 * t);
-        r.qh[0] = ldg_stream(b + 128 + 16 * (t & 1));
-        r.qh[1] = ldg_stream(b + 160 + 16 * (t & 1));
-        r.sc = ldg_stream(b + 192);
-        const __half* dd = reinterpret_cast<const __half*>(w + n_rows * nb * kQ6Packed);
-        r.d = __half2float(dd[row * nb + kb]);
+    __device__ static const uint8_t* piece(const uint8_t* w, int64_t, int k, int64_t row, int kb, int t, int p) {
+        const uint8_t* b = w + (row * (k / QK) + kb) * kQ6Packed;
+        return p < 2 ? b + 64 * p + 16 * t : p < 4 ? b + 128 + 32 * (p - 2) + 16 * (t & 1) : b + 192;
+    }
+    // index of this (row, block) in the trailing fp16 d array, which starts at byte n_rows·nb·208
+    __device__ static const __half* d_array(const uint8_t* w, int64_t n_rows, int k) {
+        return reinterpret_cast<const __half*>(w + n_rows * (k / QK) * kQ6Packed);
     }
     __device__ static int kofs(int c, int u, int s, int t) { return 128 * c + 64 * s + 16 * t + 4 * u; }
     template <int C, int S>
     __device__ static Scales prep(const Row& r, int t) {
         // scales 8C + 4S + t: word 2C + S of the 16 scale bytes, byte t (signed)
-        const int sc = (int8_t)(((&r.sc.x)[2 * C + S] >> (8 * t)) & 0xFF);
+        const int sc = (int8_t)(((&r.v[4].x)[2 * C + S] >> (8 * t)) & 0xFF);
         return {__float2half2_rn(r.d * (float)sc * (S ? 0.0625f : 1.0f)), __float2half2_rn(0.0f)};
     }
     template <int C, int S>
     __device__ static void frag(const Row& r, const Scales& k, int u, int t, uint32_t& s02, uint32_t& s13) {
-        const uint32_t wq = (&r.ql[C].x)[u];
-        const uint32_t hb = (&r.qh[C].x)[u] >> (4 * S + 2 * (t >> 1));
+        const uint32_t wq = (&r.v[C].x)[u];
+        const uint32_t hb = (&r.v[2 + C].x)[u] >> (4 * S + 2 * (t >> 1));
         const uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
         // 6-bit value = nibble | 2 high bits << 4; in the hi (16q) form the 2 bits go to bits 8-9.
         const uint32_t p02 = (wq & mask) | ((hb & 0x00030003u) << (S ? 8 : 4)) | kMagic;
@@ -246,32 +248,34 @@ struct Traits<Q6_K> {
 };
 
 // Q8_0 (device layout): chunk c (0..3), lane t reads qs bytes 64c + 16t .. +15 of the 256-block:
-// weights 64c + 16t + 4u + byte, Q8_0 block 2c + (t >> 1) of the eight.
+// weights 64c + 16t + 4u + byte, Q8_0 block 2c + (t >> 1) of the eight. Pieces: qs chunks 0..3, then
+// the eight fp16 d of this 256-block (16 contiguous bytes of the trailing d array).
 template <>
 struct Traits<Q8_0> {
     static constexpr int kChunks = 4;
     static constexpr int kHiLo = 1;
+    static constexpr int kPieces = 5;
+    static constexpr bool kD16 = false;
     struct Row {
-        uint4 qs[4];
-        uint4 d;  // the eight fp16 d of this 256-block
+        uint4 v[kPieces];
+        float d;  // unused
     };
-    __device__ static void load(Row& r, const uint8_t* w, int64_t n_rows, int k, int64_t row, int kb, int t) {
-        const uint8_t* b = w + row * k + (int64_t)kb * QK + 16 * t;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) r.qs[c] = ldg_stream(b + 64 * c);
-        r.d = ldg_stream(w + n_rows * k + (row * (k / 32) + 8 * kb) * 2);
+    __device__ static const uint8_t* piece(const uint8_t* w, int64_t n_rows, int k, int64_t row, int kb, int t,
+                                           int p) {
+        if (p < 4) return w + row * k + (int64_t)kb * QK + 16 * t + 64 * p;
+        return w + n_rows * k + (row * (k / 32) + 8 * kb) * 2;
     }
     __device__ static int kofs(int c, int u, int, int t) { return 64 * c + 16 * t + 4 * u; }
     template <int C, int S>
     __device__ static Scales prep(const Row& r, int t) {
-        const uint32_t dw = (&r.d.x)[C];  // blocks 2C, 2C + 1
+        const uint32_t dw = (&r.v[4].x)[C];  // blocks 2C, 2C + 1
         const __half dh = __ushort_as_half((unsigned short)((t >> 1) ? dw >> 16 : dw & 0xFFFF));
         return {__half2half2(dh), __float2half2_rn(0.0f)};
     }
     template <int C, int S>
     __device__ static void frag(const Row& r, const Scales& k, int u, int, uint32_t& s02, uint32_t& s13) {
         // int8 → uint8 + 128 by flipping the sign bit; bytes (0, 2) and (1, 3) into 0x64xx halves.
-        const uint32_t wq = (&r.qs[C].x)[u] ^ 0x80808080u;
+        const uint32_t wq = (&r.v[C].x)[u] ^ 0x80808080u;
         const uint32_t p02 = __byte_perm(wq, 0x64646464u, 0x4240);
         const uint32_t p13 = __byte_perm(wq, 0x64646464u, 0x4341);
         s02 = h2_bits(__hmul2(__hsub2(bits_h2(p02), kSub1152()), k.scale));

@@ -155,9 +155,15 @@ def run_case(qt: str, rows: int, k: int, n: int, accumulate: int) -> float:
     return rel_rms(got.astype(np.float64), want)
 
 
-GEMV_SHAPES = [(257, 5120), (5120, 17408), (17408, 5120), (300, 256 * 7)]
-SMALLN_SHAPES = [(257, 5120), (1000, 256 * 7)]
+# (301, 256·7) and (1001, 256·7): odd row counts and an odd number of 256-blocks per row (the last fp16 d
+# of Q6_K and Q8_0's trailing arrays sits at an even index, with no partner).
+GEMV_SHAPES = [(257, 5120), (5120, 17408), (17408, 5120), (301, 256 * 7)]
+SMALLN_SHAPES = [(257, 5120), (1001, 256 * 7)]
 NS = [2, 7, 23, 64]
+# Enough items that every block takes several and flushes mid-range (the shapes above give most blocks a
+# single item at n > 1); at n = 5, Q8_0 takes the cp.async ring kernel (>= 48 MiB) and its ring wraps.
+MANY_ITEMS_SHAPE = (17408, 5120)
+MANY_ITEMS_NS = [5, 23, 64]
 
 
 @pytest.mark.parametrize("qt", list(QTYPES))
@@ -172,6 +178,14 @@ def test_gemv_q(qt, rows, k, accumulate):
 @pytest.mark.parametrize("rows,k", SMALLN_SHAPES, ids=[f"N{r}-K{k}" for r, k in SMALLN_SHAPES])
 @pytest.mark.parametrize("n", NS, ids=[f"n{n}" for n in NS])
 def test_gemm_q_smalln(qt, rows, k, n):
+    err = run_case(qt, rows, k, n, accumulate=int(n % 2))
+    assert err < TOL, f"{qt} N{rows} K{k} n={n}: relative RMS {err:.2e}"
+
+
+@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("n", MANY_ITEMS_NS, ids=[f"n{n}" for n in MANY_ITEMS_NS])
+def test_gemm_q_smalln_many_items(qt, n):
+    rows, k = MANY_ITEMS_SHAPE
     err = run_case(qt, rows, k, n, accumulate=int(n % 2))
     assert err < TOL, f"{qt} N{rows} K{k} n={n}: relative RMS {err:.2e}"
 
@@ -226,10 +240,16 @@ def test_bandwidth_table():
 
 
 def _main(argv: list[str]) -> int:
-    """Script mode: every case with a one-line verdict, then (with --bench) the bandwidth table."""
+    """Script mode: every case with a one-line verdict, then (with --bench) the bandwidth table;
+    --bench-only skips the cases."""
     failed = 0
-    cases = [(qt, r, k, 1, a) for qt in QTYPES for r, k in GEMV_SHAPES for a in (0, 1)]
-    cases += [(qt, r, k, n, n % 2) for qt in QTYPES for r, k in SMALLN_SHAPES for n in NS]
+    cases = []
+    for qt in QTYPES:  # grouped by type so the big references are dequantized once (case() keeps six)
+        cases += [(qt, r, k, 1, a) for r, k in GEMV_SHAPES for a in (0, 1)]
+        cases += [(qt, *MANY_ITEMS_SHAPE, n, n % 2) for n in MANY_ITEMS_NS]
+        cases += [(qt, r, k, n, n % 2) for r, k in SMALLN_SHAPES for n in NS]
+    if "--bench-only" in argv:
+        cases = []
     for qt, r, k, n, acc in cases:
         try:
             err = run_case(qt, r, k, n, acc)
@@ -239,7 +259,7 @@ def _main(argv: list[str]) -> int:
             ok, msg = False, f"{type(exc).__name__}: {exc}"
         failed += not ok
         print(f"{'PASS' if ok else 'FAIL'} {qt} N{r} K{k} n{n} {'acc' if acc else 'store'}: {msg}", flush=True)
-    if "--bench" in argv:
+    if "--bench" in argv or "--bench-only" in argv:
         rows = bandwidth_rows(ns=(1,))
         rows += bandwidth_rows(ns=(2, 8, 23, 64), types=("Q4_K",))
         rows += bandwidth_rows(ns=(2, 8, 23, 64), types=("Q5_K", "Q6_K", "Q8_0"), tensors=("ffn_down",))
