@@ -61,7 +61,7 @@ int choose_geometry(Handle* H) {
     H->slot_bytes = slot_bytes;
     H->info.max_blocks_per_sm = maxb;
     H->info.sm_count = prop.multiProcessorCount;
-    H->info.max_splits = std::max(1, n_blocks / AT_HQ);
+    H->info.max_splits = std::max(1, std::min(AT_MAX_SPLITS, n_blocks / AT_HQ));
     H->info.smem_bytes = smem;
     return LB_OK;
 }
@@ -77,9 +77,11 @@ int allocate(Handle* H) {
     LB_CUDA_TRY(cudaMalloc(&H->fblob, (LAYER_F * c.n_layers + HID) * 4));
     LB_CUDA_TRY(cudaMalloc(&H->sblob, s_bytes));
     const size_t n_part = (size_t)AT_HQ * H->info.max_splits * AT_PART;
-    const size_t n_scr = HID + DN_IN + DN_Z + 2 * FFN + n_part + H->info.n_blocks + (size_t)c.vocab;
+    const size_t n_scr = HID + DN_IN + DN_Z + 2 * FFN + n_part + AT_O + H->info.n_blocks + (size_t)c.vocab;
     LB_CUDA_TRY(cudaMalloc(&H->scratch, n_scr * 4));
-    LB_CUDA_TRY(cudaMalloc(&H->iscratch, ((size_t)H->info.n_blocks + 2 + c.max_context) * 4));
+    const size_t n_iscr = (size_t)H->info.n_blocks + 2 + AT_HQ + c.max_context;
+    LB_CUDA_TRY(cudaMalloc(&H->iscratch, n_iscr * 4));
+    LB_CUDA_TRY(cudaMemset(H->iscratch, 0, n_iscr * 4));
     LB_CUDA_TRY(cudaHostAlloc(&H->host_tokens, (size_t)c.max_context * 4, cudaHostAllocMapped));
     LB_CUDA_TRY(cudaMalloc(&H->d_layers, sizeof(Layer) * c.n_layers));
     LB_CUDA_TRY(cudaStreamCreateWithFlags(&H->stream, cudaStreamNonBlocking));
@@ -137,11 +139,13 @@ int wire(Handle* H) {
     P.o_buf = x; x += DN_Z;
     P.gu = x; x += 2 * FFN;
     P.attn_part = x; x += (size_t)AT_HQ * H->info.max_splits * AT_PART;
+    P.attn_out = x; x += AT_O;
     P.am_val = x; x += H->info.n_blocks;
     P.logits = x;
     int* ix = H->iscratch;
     P.am_idx = ix; ix += H->info.n_blocks;
     P.bar = reinterpret_cast<unsigned*>(ix); ix += 1;
+    P.attn_cnt = reinterpret_cast<unsigned*>(ix); ix += AT_HQ;
     P.last_token = ix; ix += 1;
     P.forced = ix;
     LB_CUDA_TRY(cudaHostGetDevicePointer((void**)&P.host_tokens, H->host_tokens, 0));
@@ -226,7 +230,7 @@ extern "C" LB_API int lb_mk_poison(void* handle) {
     LB_CHECK_ARG(handle, "null handle");
     Handle* H = static_cast<Handle*>(handle);
     const size_t n_part = (size_t)AT_HQ * H->info.max_splits * AT_PART;
-    const size_t n_scr = HID + DN_IN + DN_Z + 2 * FFN + n_part + H->info.n_blocks + (size_t)H->cfg.vocab;
+    const size_t n_scr = HID + DN_IN + DN_Z + 2 * FFN + n_part + AT_O + H->info.n_blocks + (size_t)H->cfg.vocab;
     // 0xFF bytes are a NaN in fp32; h is poisoned too: every step rewrites it from the embedding
     LB_CUDA_TRY(cudaMemset(H->scratch, 0xFF, n_scr * 4));
     LB_CUDA_TRY(cudaMemset(H->P.am_idx, 0xFF, (size_t)H->info.n_blocks * 4));

@@ -47,6 +47,23 @@ __device__ void attn_phase(const Params& P, const Smem& sm, const Layer& L, int 
         const int kvh = h / (AT_HQ / AT_HKV);
         const bool last = s == S - 1;
         const int p0 = min(pos, s * chunk), p1 = min(pos, p0 + chunk);
+        // This warp's first KV_ROWS cached K/V rows are loaded now, so they are in flight during the norms and
+        // RoPE; later rows go KV_ROWS per round trip. (4 rows spilled registers: the kernel is at 128 per thread.)
+        constexpr int KV_ROWS = 2;
+        uint4 kr[KV_ROWS], vr[KV_ROWS];
+        auto load_rows = [&](int pb) {
+#pragma unroll
+            for (int j = 0; j < KV_ROWS; ++j) {
+                const int p = pb + j * WARPS;
+                kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+                if (p < p1) {  // rows < p1 <= pos are in the cache
+                    const size_t off = ((size_t)kvh * P.max_ctx + p) * AT_D + lane * 8;
+                    kr[j] = __ldcg(reinterpret_cast<const uint4*>(L.kc + off));
+                    vr[j] = __ldcg(reinterpret_cast<const uint4*>(L.vc + off));
+                }
+            }
+        };
+        load_rows(p0 + warp);
         // q (threads 0..255) and the current k (256..511) normed; v copied
         const int d = t & (AT_D - 1);
         const float raw = t < AT_D ? ldcg(P.y_in + h * 2 * AT_D + d) : ldcg(P.y_in + AT_Q + kvh * AT_D + d);
@@ -88,7 +105,12 @@ __device__ void attn_phase(const Params& P, const Smem& sm, const Layer& L, int 
         }
         float m = -INFINITY, l = 0.0f;
         const int pend = last ? p1 + 1 : p1;
-        for (int p = p0 + warp; p < pend; p += WARPS) {
+        for (int pb = p0 + warp; pb < pend; pb += KV_ROWS * WARPS) {
+            if (pb != p0 + warp) load_rows(pb);
+#pragma unroll
+            for (int j = 0; j < KV_ROWS; ++j) {
+            const int p = pb + j * WARPS;
+            if (p >= pend) break;
             float k8[8], v8[8];
             if (p == pos) {
 #pragma unroll
@@ -97,10 +119,7 @@ __device__ void attn_phase(const Params& P, const Smem& sm, const Layer& L, int 
                     v8[k] = vcur[lane * 8 + k];
                 }
             } else {
-                const size_t off = ((size_t)kvh * P.max_ctx + p) * AT_D + lane * 8;
-                const uint4 kr = __ldcg(reinterpret_cast<const uint4*>(L.kc + off));
-                const uint4 vr = __ldcg(reinterpret_cast<const uint4*>(L.vc + off));
-                const uint32_t kw[4] = {kr.x, kr.y, kr.z, kr.w}, vw[4] = {vr.x, vr.y, vr.z, vr.w};
+                const uint32_t kw[4] = {kr[j].x, kr[j].y, kr[j].z, kr[j].w}, vw[4] = {vr[j].x, vr[j].y, vr[j].z, vr[j].w};
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     k8[2 * k] = bf16_lo(kw[k]);
@@ -119,6 +138,7 @@ __device__ void attn_phase(const Params& P, const Smem& sm, const Layer& L, int 
 #pragma unroll
             for (int k = 0; k < 8; ++k) acc[k] = fmaf(acc[k], scale, pe * v8[k]);
             m = mn;
+            }
         }
         if (lane == 0) {
             ml[warp] = m;
@@ -141,28 +161,49 @@ __device__ void attn_phase(const Params& P, const Smem& sm, const Layer& L, int 
         }
         if (t < AT_D) part[2 + t] = accs[t];
         __syncthreads();
+        // The last split of head h to finish combines the head (flash-decoding reduction) into attn_out, so
+        // the o_proj prologue is one load per value instead of a walk over every split in every block.
+        if (t == 0) {
+            __threadfence();
+            sm.misc[1] = atomicAdd(&P.attn_cnt[h], 1u) == (unsigned)(S - 1);
+        }
+        __syncthreads();
+        if (sm.misc[1]) {
+            __threadfence();
+            float* ms = sm.xs + AT_O;  // [S] split maxima, then weights; past the scratch above
+            float* ls = ms + S;        // [S]
+            const float* hp = P.attn_part + (size_t)h * P.max_splits * AT_PART;
+            for (int i = t; i < S; i += THREADS) {
+                ms[i] = ldcg(hp + (size_t)i * AT_PART);
+                ls[i] = ldcg(hp + (size_t)i * AT_PART + 1);
+            }
+            __syncthreads();
+            if (t < AT_D) {
+                float M = -INFINITY, den = 0.0f;
+                for (int i = 0; i < S; ++i) M = fmaxf(M, ms[i]);
+                for (int i = 0; i < S; ++i)
+                    if (ms[i] != -INFINITY) den = fmaf(ls[i], expf(ms[i] - M), den);
+                const float gate = ldcg(P.y_in + h * 2 * AT_D + AT_D + t);
+                float o = 0.0f;
+#pragma unroll 8
+                for (int i = 0; i < S; ++i)
+                    if (ms[i] != -INFINITY) o = fmaf(expf(ms[i] - M), ldcg(hp + (size_t)i * AT_PART + 2 + t), o);
+                P.attn_out[h * AT_D + t] = o / den * sigmoidf(gate);
+            }
+            if (t == 0) P.attn_cnt[h] = 0;  // every split of h has arrived: ready for the next attention layer
+        }
+        __syncthreads();
     }
 }
 
-// xs[h*256 + d] = (combined attention output) * sigmoid(gate_h[d]) for the o_proj GEMV.
-__device__ __forceinline__ void x_attn_combine(const Params& P, const Smem& sm, int pos) {
-    const int S = attn_splits(P, pos);
-    for (int i = threadIdx.x; i < AT_O; i += THREADS) {
-        const int h = i / AT_D, d = i % AT_D;
-        const float* part = P.attn_part + (size_t)h * P.max_splits * AT_PART;
-        float M = -INFINITY;
-        for (int s = 0; s < S; ++s) M = fmaxf(M, ldcg(part + s * AT_PART));
-        float num = 0.0f, den = 0.0f;
-        for (int s = 0; s < S; ++s) {
-            const float ms = ldcg(part + s * AT_PART);
-            if (ms == -INFINITY) continue;
-            const float f = expf(ms - M);
-            den = fmaf(ldcg(part + s * AT_PART + 1), f, den);
-            num = fmaf(ldcg(part + s * AT_PART + 2 + d), f, num);
-        }
-        const float gate = ldcg(P.y_in + h * 2 * AT_D + AT_D + d);
-        sm.xs[xperm(i)] = num / den * sigmoidf(gate);
-    }
+// xs = the combined, gated attention output (written by each head's last split) for the o_proj GEMV.
+__device__ __forceinline__ void x_attn_out(const Params& P, const Smem& sm) {
+    static_assert(AT_O % THREADS == 0, "o_proj prologue: whole passes");
+    float v[AT_O / THREADS];
+#pragma unroll
+    for (int k = 0; k < AT_O / THREADS; ++k) v[k] = ldcg(P.attn_out + threadIdx.x + k * THREADS);
+#pragma unroll
+    for (int k = 0; k < AT_O / THREADS; ++k) sm.xs[xperm(threadIdx.x + k * THREADS)] = v[k];
     __syncthreads();
 }
 

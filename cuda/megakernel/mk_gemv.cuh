@@ -20,13 +20,21 @@
 
 namespace mk {
 
-// Per-warp ring cursor; every lane of a warp holds the same values.
+// A position in this warp's chunk sequence (phases of a step in order, steps in order); every lane of a
+// warp holds the same values.
+struct Cursor {
+    int pp;      // GEMV phase index within a step, [0, 4 * n_layers]
+    int pbyte;   // next byte within this warp's range of phase pp
+    int psteps;  // steps left, the current one included
+};
+
+// Per-warp ring state. (v3 also tried a second cursor that only prefetched into L2 further ahead, to keep
+// HBM busy through barriers: 4-16 chunks per warp ahead cost 14-22% of tg128 (35-70 MB ahead thrashes the
+// 50 MB L2 and delays the loads on the critical path), so it was removed; docs/perf.md has the numbers.)
 struct Ring {
-    int head;    // chunks issued by this warp (sequence number of the next one)
-    int tail;    // chunks consumed
-    int pp;      // producer: GEMV phase index within a step, [0, 4 * n_layers]
-    int pbyte;   // producer: next byte to issue within this warp's range of phase pp
-    int psteps;  // producer: steps left to prefetch, the current one included
+    int head;  // chunks issued into the ring (sequence number of the next one)
+    int tail;  // chunks consumed
+    Cursor prod;
 };
 
 // mbarrier arrivals per slot phase: one bulk-copy arrival on sm_90, the 32 lanes' cp.async arrivals before.
@@ -93,34 +101,46 @@ __device__ __forceinline__ uint8_t* warp_slot(const Params& P, const Smem& sm, i
     return sm.slots + ((size_t)warp * P.wslots + slot) * P.slot_bytes;
 }
 
-// Issue this warp's chunks until its ring is full or nothing is left to prefetch. All lanes call it with
-// identical cursors. sm_90: lane 0 issues one bulk copy per chunk; older archs: 16-byte cp.async per lane.
-__device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring& R) {
+// The chunk at c (source and size), advancing c past it; false when the sequence is exhausted.
+__device__ __forceinline__ bool cursor_next(const Params& P, const Smem& sm, Cursor& c, const uint8_t*& src, int& n) {
     const int warp = lb::warp_id();
-    while (R.psteps > 0 && R.head - R.tail < P.wslots) {
-        const WarpRange r = warp_range(sm, R.pp, warp);
-        if (R.pbyte < r.bytes) {
-            const int n = min(P.slot_bytes, r.bytes - R.pbyte);
-            const int slot = R.head % P.wslots;
-            const uint8_t* src = reinterpret_cast<const uint8_t*>(r.w) + R.pbyte;
-            uint8_t* dst = warp_slot(P, sm, warp, slot);
-            uint64_t* bar = &sm.mbar[warp * MAX_WSLOTS + slot];
-#if LB_DEVICE_ARCH >= 900
-            if (lb::lane_id() == 0) bulk_copy(dst, src, n, bar);
-#else
-            for (int off = lb::lane_id() * 16; off < n; off += 32 * 16) cp_async16(dst + off, src + off);
-            mbar_arrive_cp_async(bar);
-#endif
-            R.head++;
-            R.pbyte += n;
+    while (c.psteps > 0) {
+        const WarpRange r = warp_range(sm, c.pp, warp);
+        const bool has = c.pbyte < r.bytes;
+        if (has) {
+            src = reinterpret_cast<const uint8_t*>(r.w) + c.pbyte;
+            n = min(P.slot_bytes, r.bytes - c.pbyte);
+            c.pbyte += n;
         }
-        if (R.pbyte >= r.bytes) {
-            if (++R.pp == n_gemv_phases(P)) {
-                R.pp = 0;
-                R.psteps--;
+        if (c.pbyte >= r.bytes) {
+            if (++c.pp == n_gemv_phases(P)) {
+                c.pp = 0;
+                c.psteps--;
             }
-            R.pbyte = 0;
+            c.pbyte = 0;
         }
+        if (has) return true;
+    }
+    return false;
+}
+
+// Issue this warp's chunks until its ring is full or nothing is left to prefetch. All lanes call it with identical cursors. sm_90: lane 0
+// issues one bulk copy per chunk; older archs: 16-byte cp.async per lane.
+__device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring& R) {
+    const int warp = lb::warp_id(), lane = lb::lane_id();
+    const uint8_t* src;
+    int n;
+    while (R.head - R.tail < P.wslots && cursor_next(P, sm, R.prod, src, n)) {
+        const int slot = R.head % P.wslots;
+        uint8_t* dst = warp_slot(P, sm, warp, slot);
+        uint64_t* bar = &sm.mbar[warp * MAX_WSLOTS + slot];
+#if LB_DEVICE_ARCH >= 900
+        if (lane == 0) bulk_copy(dst, src, n, bar);
+#else
+        for (int off = lane * 16; off < n; off += 32 * 16) cp_async16(dst + off, src + off);
+        mbar_arrive_cp_async(bar);
+#endif
+        R.head++;
     }
 }
 
@@ -212,8 +232,18 @@ __device__ __forceinline__ void x_rmsnorm(const Params& P, const Smem& sm, const
 }
 
 // xs = SiLU(gate) * up, the SwiGLU input of ffn_down.
+// All 14 L2 loads of a thread are issued before any is used: one L2 round trip instead of seven.
 __device__ __forceinline__ void x_swiglu(const Params& P, const Smem& sm) {
-    for (int i = threadIdx.x; i < FFN; i += THREADS) sm.xs[xperm(i)] = silu(ldcg(P.gu + i)) * ldcg(P.gu + FFN + i);
+    static_assert(FFN % THREADS == 0, "SwiGLU prologue: whole passes");
+    constexpr int N = FFN / THREADS;
+    float g[N], u[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+        g[k] = ldcg(P.gu + threadIdx.x + k * THREADS);
+        u[k] = ldcg(P.gu + FFN + threadIdx.x + k * THREADS);
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) sm.xs[xperm(threadIdx.x + k * THREADS)] = silu(g[k]) * u[k];
     __syncthreads();
 }
 

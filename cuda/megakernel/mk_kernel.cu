@@ -7,6 +7,10 @@
 #include "mk_gemv.cuh"
 #include "mk_launch.h"
 
+#ifdef MK_PROFILE
+#include <cstdio>
+#endif
+
 namespace mk {
 
 // Best (value, index) over the blocks' LM-head partials; ties go to the lower index like np.argmax.
@@ -63,30 +67,64 @@ __device__ void emit_token(const Params& P, int step, int tok) {
 }
 
 // One decoder layer: 5 phases, each ended by a grid barrier.
-__device__ void layer_forward(const Params& P, const Smem& sm, Ring& R, unsigned& bt, int l, int pos, int tok) {
+__device__ void layer_forward(const Params& P, const Smem& sm, Ring& R, unsigned& bt, int l, int pos, int tok,
+                              int step) {
     const Layer& L = P.layers[l];
+    const int m = 1 + 14 * l;  // profile marks of this layer (mk_mark; nothing unless built with MK_PROFILE)
     if (l == 0) x_rmsnorm(P, sm, nullptr, P.embed + (size_t)tok * HID, L.norm1);
     else x_rmsnorm(P, sm, P.h, nullptr, L.norm1);
+    mk_mark(step, m + 0);
     gemv_run(P, sm, R, 4 * l + 0, [&](int row, float v) { P.y_in[row] = v; });
+    mk_mark(step, m + 1);
     grid_barrier(P.bar, bt);
+    mk_mark(step, m + 2);
 
     if (L.is_attn) attn_phase(P, sm, L, pos);
     else dn_phase(P, sm, L, pos);
+    mk_mark(step, m + 3);
     grid_barrier(P.bar, bt);
+    mk_mark(step, m + 4);
 
-    if (L.is_attn) x_attn_combine(P, sm, pos);
+    if (L.is_attn) x_attn_out(P, sm);
     else x_dn_gated_norm(P, sm, L);
+    mk_mark(step, m + 5);
     gemv_run(P, sm, R, 4 * l + 1, [&](int row, float v) { P.h[row] = ldcg(P.h + row) + v; });
+    mk_mark(step, m + 6);
     grid_barrier(P.bar, bt);
+    mk_mark(step, m + 7);
 
     x_rmsnorm(P, sm, P.h, nullptr, L.norm2);
+    mk_mark(step, m + 8);
     gemv_run(P, sm, R, 4 * l + 2, [&](int row, float v) { P.gu[row] = v; });
+    mk_mark(step, m + 9);
     grid_barrier(P.bar, bt);
+    mk_mark(step, m + 10);
 
     x_swiglu(P, sm);
+    mk_mark(step, m + 11);
     gemv_run(P, sm, R, 4 * l + 3, [&](int row, float v) { P.h[row] = ldcg(P.h + row) + v; });
+    mk_mark(step, m + 12);
     grid_barrier(P.bar, bt);
+    mk_mark(step, m + 13);
 }
+
+#ifdef MK_PROFILE
+// Block 0's phase timeline of step 1, as deltas in ns (one line per layer, then the head).
+__device__ void print_profile(const Params& P) {
+    if (blockIdx.x != 0 || threadIdx.x != 0 || P.n_steps < 2) return;
+    const unsigned long long* t = g_mk_prof;
+    printf("MKPROF layer: pro1 in bar1 mix bar2 pro2 out bar3 pro3 gu bar4 pro4 down bar5 (ns)\n");
+    for (int l = 0; l < P.n_layers; ++l) {
+        const int m = 1 + 14 * l;
+        printf("MKPROF %d:", l);
+        for (int k = 0; k < 14; ++k) printf(" %llu", t[m + k] - t[m + k - 1]);
+        printf("\n");
+    }
+    const int e = 1 + 14 * P.n_layers;
+    printf("MKPROF head: norm %llu lm %llu argmax+bar %llu total %llu\n", t[e] - t[e - 1], t[e + 1] - t[e],
+           t[e + 2] - t[e + 1], t[e + 2] - t[0]);
+}
+#endif
 
 __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
@@ -103,9 +141,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
 
     Ring R;
     R.head = R.tail = 0;
-    R.pp = 0;
-    R.pbyte = 0;
-    R.psteps = P.n_steps;
+    R.prod = Cursor{0, 0, P.n_steps};
     ring_fill(P, sm, R);  // the first weights stream while the first token is looked up
 
     unsigned bt = 0;
@@ -123,9 +159,11 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
         // h = embedding row; layer 0 reads the row directly, this copy feeds the first residual add
         if (blockIdx.x == 0)
             for (int i = threadIdx.x; i < HID; i += THREADS) P.h[i] = bf16_to_f(P.embed[(size_t)tok * HID + i]);
-        for (int l = 0; l < nl; ++l) layer_forward(P, sm, R, bt, l, pos, tok);
+        mk_mark(step, 0);
+        for (int l = 0; l < nl; ++l) layer_forward(P, sm, R, bt, l, pos, tok, step);
 
         x_rmsnorm(P, sm, P.h, nullptr, P.out_norm);
+        mk_mark(step, 1 + 14 * nl);
         float bv = -INFINITY;
         int bi = 0x7fffffff;
         float* logits = step == P.n_steps - 1 ? P.logits : nullptr;
@@ -133,14 +171,19 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
             if (logits) logits[row] = v;
             if (v > bv) { bv = v; bi = row; }  // rows arrive in increasing order: first max wins
         });
+        mk_mark(step, 2 + 14 * nl);
         publish_argmax(P, sm, bv, bi);
         grid_barrier(P.bar, bt);
+        mk_mark(step, 3 + 14 * nl);
     }
     if (blockIdx.x == 0) {
         const int am = reduce_argmax(P, sm);
         emit_token(P, P.n_steps - 1, am);
         if (threadIdx.x == 0) *P.last_token = am;
     }
+#ifdef MK_PROFILE
+    print_profile(P);
+#endif
 }
 
 int max_blocks_per_sm(size_t smem, int* out) {
