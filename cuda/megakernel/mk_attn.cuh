@@ -49,7 +49,7 @@ __device__ void attn_phase(const Params& P, const Smem& sm, const Layer& L, int 
         const int p0 = min(pos, s * chunk), p1 = min(pos, p0 + chunk);
         // This warp's first KV_ROWS cached K/V rows are loaded now, so they are in flight during the norms and
         // RoPE; later rows go KV_ROWS per round trip. (4 rows spilled registers: the kernel is at 128 per thread.)
-        constexpr int KV_ROWS = 2;
+        constexpr int KV_ROWS = LB_DEVICE_ARCH >= 900 ? 2 : 1;  // sm_86: 2 rows spill (128-register limit)
         uint4 kr[KV_ROWS], vr[KV_ROWS];
         auto load_rows = [&](int pb) {
 #pragma unroll

@@ -159,7 +159,7 @@ __device__ __forceinline__ void gemv_run(const Params& P, const Smem& sm, Ring& 
         const int nseg = min(P.slot_bytes, r.bytes - byte) / (2 * SEG);
         // Segments are independent dot products: compute them first (loads in flight together), then
         // fold them into rows in order.
-        constexpr int UNROLL = 4;
+        constexpr int UNROLL = LB_DEVICE_ARCH >= 900 ? 4 : 2;  // sm_86: the cp.async fill needs the registers
         for (int s0 = 0; s0 < nseg; s0 += UNROLL) {
             float part[UNROLL];
 #pragma unroll
