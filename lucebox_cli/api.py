@@ -197,10 +197,9 @@ def _open_cuda(cfg: RunConfig, model: LoadedModel, tap_layers: Sequence[int]):
     if not probe.gpus:
         raise EngineUnavailable(f"no NVIDIA GPU ({probe.reason})", hint="use --engine cpu, or run on a machine with a GPU")
     if model.format == "gguf" and model.cfg.head_dim == 256 and model.cfg.dk == 128:
-        # qwen35 GGUFs at the 27B head sizes: the quantized target engine (engines/dflash.py)
-        if cfg.spec != "none":
-            raise EngineUnavailable("the CUDA 27B engine is wired for --spec none only (the GPU draft is not built)",
-                                    hint="use --spec none, or --engine cpu")
+        # qwen35 GGUFs at the 27B head sizes: the quantized target engine (engines/dflash.py). With --spec
+        # chain/ddtree it verifies and commits on the GPU while the draft (replay, or the DFlash draft in
+        # numpy) runs on the CPU: correct and lossless, but the draft is not fast yet (no GPU draft).
         from lucebox_cli.engines.dflash import DFlashTargetEngine
 
         return DFlashTargetEngine(model.gguf or model.path, profile=cfg.profile, max_context=cfg.max_context, budget=cfg.budget,

@@ -8,7 +8,8 @@ before every call; the greedy entry points (step_argmax, verify_argmax: argmax o
 give the same tokens; lb_df_topk equals np.argmax / a stable top-8 on rows with ties, NaN and -inf
 (N = 1, 23, 64, at the tiny and the 27B vocab) and on the engine's own logits of the same call; the
 host repack equals lb_quant_repack; the memory plan's copies of the ops'
-scratch formulas equal the library's; an impossible context is refused before allocating.
+scratch formulas equal the library's; an impossible context is refused before allocating; speculative
+decoding (chain, DDTree; replay draft) on the GPU target emits the plain greedy tokens.
 
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_dflash_engine.py [--bench]`;
 --bench also times a 4-layer model at the real 27B widths (scripts/make_random_27b.py): pp64, one
@@ -247,6 +248,39 @@ def test_verify_commit_step(seed, n, budget):
     check_verify_commit(seed, n, budget)
 
 
+def check_speculative_lossless(spec: str, rate: float) -> None:
+    """--spec chain / ddtree on the GPU target (replay draft on the CPU) emit the --spec none tokens."""
+    from lucebox_cli.config import RunConfig
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+    from lucebox_cli.spec.drafts import ReplayDraft
+    from lucebox_cli.spec.loop import speculative_generate
+
+    eng = DFlashTargetEngine(gguf(8), max_context=512, budget=22, lib=lib())
+    try:
+        prompt = np.random.default_rng(5).integers(0, VOCAB, 40).tolist()
+        plain = speculative_generate(eng, None, RunConfig(model="tiny8", max_tokens=48), prompt).tokens
+        res = speculative_generate(eng, ReplayDraft(rate=rate, seed=3),
+                                   RunConfig(model="tiny8", spec=spec, budget=22, max_tokens=48), prompt)
+        if res.tokens != plain:
+            # Verify (small-N GEMMs) and decode (GEMV) round differently, so a flip is allowed only where the
+            # plain run's two best logits are a genuine near-tie.
+            i = next(j for j, (a, b) in enumerate(zip(res.tokens, plain)) if a != b)
+            eng.reset()
+            logits = eng.prefill(prompt + plain[:i])
+            top2 = np.sort(logits)[-2:]
+            margin = float(top2[1] - top2[0]) / float(np.abs(logits).max())
+            assert margin < 1e-4, f"{spec} @ replay:{rate}: token {i} differs ({res.tokens[i]} vs {plain[i]}), margin {margin:.3g}"
+        if rate == 0.0:
+            assert res.al_mean > 4, f"a perfect draft should be accepted in long runs (AL {res.al_mean:.2f})"
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("spec,rate", [("chain", 0.0), ("ddtree", 0.0), ("ddtree", 0.3)])
+def test_speculative_lossless(spec, rate):
+    check_speculative_lossless(spec, rate)
+
+
 def test_memory_plan_refusal():
     from lucebox_cli.engines.dflash import DFlashTargetEngine
     from lucebox_cli.errors import OutOfMemory
@@ -310,6 +344,9 @@ def _main(argv: list[str]) -> int:
              ("verify/commit N23", lambda: check_verify_commit(1, 23, 22)),
              ("verify/commit N17", lambda: check_verify_commit(2, 17, 22)),
              ("verify/commit N64", lambda: check_verify_commit(3, 64, 63)),
+             ("speculative chain, replay:0 == plain", lambda: check_speculative_lossless("chain", 0.0)),
+             ("speculative ddtree, replay:0 == plain", lambda: check_speculative_lossless("ddtree", 0.0)),
+             ("speculative ddtree, replay:0.3 == plain", lambda: check_speculative_lossless("ddtree", 0.3)),
              ("memory plan refusal", test_memory_plan_refusal)]
     failed = 0
     for name, fn in cases:

@@ -216,3 +216,20 @@ def test_stub_library_takes_every_call(gguf, tmp_path):
     gpu.close()
     t = host_times(gguf, lib, steps=5, verifies=2)
     assert t["layers"] == 4 and 0 < t["step_ms"] < 1e3 and 0 < t["verify_ms"] < 1e3
+
+
+@pytest.mark.parametrize("spec,rate", [("chain", 0.0), ("ddtree", 0.3)])
+def test_speculative_decoding_is_lossless(gguf, spec, rate):
+    """The spec loop over the target engine (replay draft): the --spec none tokens, in fewer verify steps."""
+    from lucebox_cli.config import RunConfig
+    from lucebox_cli.spec.drafts import ReplayDraft
+    from lucebox_cli.spec.loop import speculative_generate
+
+    eng = DFlashTargetEngine(gguf, max_context=256, budget=22, lib=FakeLib(), card_bytes=8 << 30)
+    prompt = np.random.default_rng(4).integers(0, eng.cfg.vocab, 20).tolist()
+    plain = speculative_generate(eng, None, RunConfig(model="m4", max_tokens=24), prompt).tokens
+    res = speculative_generate(eng, ReplayDraft(rate=rate, seed=1), RunConfig(model="m4", spec=spec, max_tokens=24),
+                               prompt)
+    assert res.tokens == plain
+    assert len(res.accept_lengths) < len(plain), "the draft was never accepted"
+    eng.close()
