@@ -24,7 +24,16 @@ Examples:
   lucebox bench speed ./random-0.8b -p 520 -n 128 -r 5 --json
   lucebox bench speed model.gguf --engine cpu -p 16 -n 8 -r 1
   lucebox bench speed random-27b.gguf -p 520 -n 128 -d 4096 --verify-n 23   # + tg at depth, a 23-slot verify
+  lucebox bench speed model.gguf --baseline-llama-bench ~/llama.cpp/build/bin/llama-bench   # + llama.cpp rows
 """
+
+BASELINE_HELP = (
+    "Also run this llama-bench binary on the same model, which must be a GGUF (same -p/-n/-r/-d; its tg runs "
+    "after the -p prompt, as ours do) and print its rows, engine llama.cpp, beside ours. If it fails "
+    "(missing, exit status, timeout, output that is not -o json), our rows and any llama.cpp rows that "
+    "finished are still printed, then one error line on stderr and exit status 1, as llama-bench itself "
+    "exits 1 after printing the tests it completed."
+)
 
 
 def _git_commit() -> Optional[str]:
@@ -55,8 +64,10 @@ def _random_flag(model: Any) -> bool:
 
 
 def run_speed(model_arg: str, *, n_prompt: int, n_gen: int, reps: int, engine: str, profile: Optional[str],
-              max_context: int, warmup: int, depth: int = 0, verify_n: int = 0) -> list[dict[str, Any]]:
-    """Load, open, measure; rows carry GPU, commit and the resolved config."""
+              max_context: int, warmup: int, depth: int = 0, verify_n: int = 0,
+              loaded: Any = None) -> list[dict[str, Any]]:
+    """Load (unless `loaded` is the already loaded model_arg), open, measure; rows carry GPU, commit and
+    the resolved config."""
     from lucebox_cli import api
     from lucebox_cli.bench.runner import speed_rows
     from lucebox_cli.config import RunConfig
@@ -70,7 +81,7 @@ def run_speed(model_arg: str, *, n_prompt: int, n_gen: int, reps: int, engine: s
     cfg = RunConfig(model=model_arg, engine=engine, profile=profile,
                     max_context=max(max_context, n_prompt + n_gen + 1, depth + n_gen + 1, n_prompt + 9 + verify_n),
                     **extra)
-    model = api.load_model(model_arg)
+    model = loaded if loaded is not None else api.load_model(model_arg)
     opened = api.open_engine(cfg, model)
     try:
         eng = opened.engine
@@ -108,12 +119,37 @@ def register(bench_app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="JSON rows with raw samples.")] = False,
         as_md: Annotated[bool, typer.Option("--md", help="Markdown table (default).")] = False,
         as_csv: Annotated[bool, typer.Option("--csv", help="CSV.")] = False,
+        baseline: Annotated[Optional[str], typer.Option("--baseline-llama-bench", metavar="PATH",
+                                                        help=BASELINE_HELP)] = None,
+        baseline_timeout: Annotated[float, typer.Option("--baseline-timeout",
+                                                        help="Seconds each llama-bench run may take.")] = 1800.0,
     ) -> None:
         """Prompt processing and generation speed, llama-bench style (warm-up excluded)."""
         from lucebox_cli.bench.report import render
 
         if as_json + as_md + as_csv > 1:
             raise UsageError("choose one of --json, --md, --csv")
+        loaded, gguf, failed = None, None, None
+        if baseline is not None:
+            from lucebox_cli import api
+            from lucebox_cli.bench import llama_bench
+
+            if baseline_timeout <= 0:
+                raise UsageError("need --baseline-timeout > 0")
+            # checked before measuring: a non-GGUF model cannot have a baseline, so fail before the long part
+            loaded = api.load_model(model)
+            gguf = llama_bench.require_gguf(loaded, model)
         rows = run_speed(model, n_prompt=n_prompt, n_gen=n_gen, reps=reps, engine=engine, profile=profile,
-                         max_context=max_context, warmup=warmup, depth=depth, verify_n=verify_n)
+                         max_context=max_context, warmup=warmup, depth=depth, verify_n=verify_n, loaded=loaded)
+        if baseline is not None:
+            # run_speed has closed our engine: llama.cpp gets the GPU (and its memory) to itself
+            kw = dict(n_prompt=n_prompt, n_gen=n_gen, reps=reps, depth=depth, warmup=warmup,
+                      timeout_s=baseline_timeout, cfg=loaded.cfg, hardware=llama_bench.hardware_of(rows[0]["profile"]),
+                      base={"model": rows[0]["model"], "random_weights": rows[0]["random_weights"]})
+            try:
+                rows = rows + llama_bench.baseline_rows(baseline, gguf, **kw)
+            except llama_bench.BaselineError as err:
+                rows, failed = rows + err.rows, err
         typer.echo(render(rows, "json" if as_json else "csv" if as_csv else "md"), nl=False)
+        if failed is not None:
+            raise failed
