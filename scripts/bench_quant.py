@@ -7,6 +7,7 @@ llama-cpp-python installed the same rows go through llama.cpp's reference quanti
 
     python scripts/bench_quant.py                 # per core, all types, all shapes
     python scripts/bench_quant.py --threads 0     # all cores numba may use
+    python scripts/bench_quant.py --types Q6_K    # one type
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1, help="numba threads (0 = all)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES, metavar="TYPE",
+                    help=f"types to time (default all: {' '.join(TYPES)})")
     args = ap.parse_args()
 
     import numba
@@ -70,7 +73,7 @@ def main() -> None:
     print(f"numba threads: {threads}; MB/s of float32 input" + ("" if threads == 1 else f" (÷{threads} per core)"))
     header = f"{'type':6} {'shape':34} {'ours MB/s':>10} {'per core':>9}" + (f" {'llama.cpp 1 core':>17}" if ref else "")
     print(header)
-    for qtype in TYPES:
+    for qtype in args.types:
         for label, shape in SHAPES.items():
             x = (rng.standard_normal(shape) * 0.02).astype(np.float32)
             mb = x.nbytes / 1e6

@@ -2,8 +2,9 @@
 sub-block and one fp16 super-block factor d (value = d·scale·q).
 
 Matches quantize_row_q6_K_ref byte for byte (the no-imatrix path): per sub-block ggml's
-make_qx_quants with rmse_type 1 (weights x², a ±0.9 search around nmax), then the int8 scales
-against the largest-magnitude scale, then quants recomputed against the rounded d·scale.
+make_qx_quants with rmse_type 1 (weights x², a ±0.9 search around nmax; subblock_fits runs the 16
+sub-blocks as SIMD lanes), then the int8 scales against the largest-magnitude scale, then quants
+recomputed against the rounded d·scale.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def _qx_store(x, o, n, nmax, iscale, L, lo):
 
 @njit(cache=True, inline="always", error_model="numpy")
 def make_qx_quants_rmse1(x, o, n, nmax, L, lo):
-    """ggml's make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL): symmetric scale, x²-weighted."""
+    """ggml's make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL): symmetric scale, x²-weighted.
+
+    One sub-block at a time, written as the reference is; the quantizer uses subblock_fits, and
+    tests/unit/test_quant_kernels.py checks the two against each other sub-block by sub-block."""
     mx = F0
     amax = F0
     for i in range(n):
@@ -75,12 +79,108 @@ def make_qx_quants_rmse1(x, o, n, nmax, L, lo):
 
 
 @njit(cache=True, inline="always", error_model="numpy")
-def _block(x, o, out, p, L, scales):
+def _lanes_qx_sums(xt, wt, wxt, isc, sums):
+    """One candidate scale per lane (isc[j] for sub-block j): the quants' sums sumlx, suml2 into
+    sums[0, j], sums[1, j], each accumulated over i = 0..15 in order as the reference does. The
+    lanes are the inner loop and independent, so LLVM turns it into SIMD over the 16 lanes
+    without reordering any lane's additions."""
+    for j in range(16):
+        sums[0, j] = F0
+        sums[1, j] = F0
+    for i in range(16):
+        for j in range(16):
+            l = np.float32(max(-32, min(31, nearest_int(np.float32(isc[j] * xt[i, j])))))
+            sums[0, j] = np.float32(sums[0, j] + np.float32(wxt[i, j] * l))
+            sums[1, j] = np.float32(sums[1, j] + np.float32(np.float32(wt[i, j] * l) * l))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def subblock_fits(x, o, L, scales, work):
+    """make_qx_quants_rmse1(nmax 32) for the 16 sub-blocks of the super-block at x[o:], all at once:
+    quants into L[0:256], scales into scales[0:16].
+
+    The scalar search is bound by the latency of its two float add chains (sumlx, suml2: 16
+    dependent adds per candidate scale, 19 candidates). Here lane j of the [16, 16] scratch arrays
+    is sub-block j and every loop runs across the lanes, so the 32 chains are independent and
+    vectorize. Each lane does exactly the scalar reference's float32 operations in the same order,
+    so the result is bit for bit the reference's (tests/unit/test_quant_kernels.py checks both
+    against llama.cpp and each other). The max search uses per-lane selects. Instead of
+    re-storing the quants each time a candidate wins, a lane keeps the winning iscale and the
+    quants are stored once at the end from it: the same iscale gives the same quants. Lanes whose
+    sub-block is all (near) zero compute values that are discarded, as the reference returns
+    early for them."""
+    xt, wt, wxt, v = work
+    fn = np.float32(32.0)
+    for j in range(16):
+        for i in range(16):
+            xt[i, j] = x[o + 16 * j + i]
+    # rows of v: 0 amax, 1 max (signed), 2 iscale, 3 sumlx, 4 suml2, 5 scale, 6 best, 7 winning iscale
+    for j in range(16):
+        v[0, j] = F0
+        v[1, j] = F0
+    for i in range(16):
+        for j in range(16):
+            xi = xt[i, j]
+            ax = abs(xi)
+            take = ax > v[0, j]  # strict: the first of equal magnitudes wins, as in the reference
+            v[0, j] = ax if take else v[0, j]
+            v[1, j] = xi if take else v[1, j]
+            w = np.float32(xi * xi)  # rmse_type 1: weight x²; the reference's w*x[i]*l is (w*x)*l
+            wt[i, j] = w
+            wxt[i, j] = np.float32(w * xi)
+    for j in range(16):
+        v[2, j] = np.float32(-fn / v[1, j])
+    _lanes_qx_sums(xt, wt, wxt, v[2], v[3:5])
+    for j in range(16):
+        sumlx = v[3, j]
+        suml2 = v[4, j]
+        scale = np.float32(sumlx / suml2)
+        scale = scale if suml2 != F0 else F0
+        v[5, j] = scale
+        v[6, j] = np.float32(scale * sumlx)
+        v[7, j] = v[2, j]
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        num = np.float32(-np.float32(fn + np.float32(F01 * np.float32(step))))
+        for j in range(16):
+            v[2, j] = np.float32(num / v[1, j])
+        _lanes_qx_sums(xt, wt, wxt, v[2], v[3:5])
+        for j in range(16):
+            sumlx = v[3, j]
+            suml2 = v[4, j]
+            # a per-lane branch: a select form (every lane's update computed) measured slower, 291 vs 343 MB/s
+            if suml2 > F0 and np.float32(sumlx * sumlx) > np.float32(v[6, j] * suml2):
+                scale = np.float32(sumlx / suml2)
+                v[5, j] = scale
+                v[6, j] = np.float32(scale * sumlx)
+                v[7, j] = v[2, j]
+    for j in range(16):
+        if v[0, j] < GROUP_MAX_EPS:
+            scales[j] = F0
+            for i in range(16):
+                L[16 * j + i] = 0
+        else:
+            scales[j] = v[5, j]
+            _qx_store(x, o + 16 * j, 16, 32, v[7, j], L, 16 * j)
+
+
+@njit(cache=True, inline="always")
+def q6_scratch():
+    """A row's work buffers: (L, scales, (xt, wt, wxt, lane vectors)) for subblock_fits."""
+    return (np.zeros(QK_K, dtype=np.int64), np.zeros(16, dtype=np.float32),
+            (np.zeros((16, 16), dtype=np.float32), np.zeros((16, 16), dtype=np.float32),
+             np.zeros((16, 16), dtype=np.float32), np.zeros((8, 16), dtype=np.float32)))
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _block(x, o, out, p, work):
+    L, scales, lanes = work
+    subblock_fits(x, o, L, scales, lanes)
     max_scale = F0
     max_abs_scale = F0
     for ib in range(16):
-        sc = make_qx_quants_rmse1(x, o + 16 * ib, 16, 32, L, 16 * ib)
-        scales[ib] = sc
+        sc = scales[ib]
         if abs(sc) > max_abs_scale:
             max_abs_scale = abs(sc)
             max_scale = sc
@@ -121,12 +221,11 @@ def _block(x, o, out, p, L, scales):
 def _q6_k_rows(x, out):
     nb = x.shape[1] // QK_K
     for r in prange(x.shape[0]):
-        L = np.zeros(QK_K, dtype=np.int64)
-        scales = np.zeros(16, dtype=np.float32)
+        work = q6_scratch()
         xr = x[r]
         orow = out[r]
         for i in range(nb):
-            _block(xr, i * QK_K, orow, i * BLOCK_BYTES, L, scales)
+            _block(xr, i * QK_K, orow, i * BLOCK_BYTES, work)
 
 
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:

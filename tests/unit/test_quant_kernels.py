@@ -120,3 +120,46 @@ def test_f16_matches_ggml_row_conversion():
     ref = np.zeros(x.size, np.uint16)
     ggml.ggml_quantize_chunk(TYPES["F16"].ggml_type, x.ctypes.data, ref.ctypes.data, 0, 1, x.size, None)
     assert np.array_equal(to_f16(x).view(np.uint16), ref)
+
+
+def _q6_k_superblocks() -> np.ndarray:
+    """Super-blocks whose sub-blocks (16 values each) hit make_qx_quants' edge cases side by side
+    with ordinary ones, so one lane's special path cannot leak into its neighbours."""
+    rng = np.random.default_rng(11)
+    blocks = [(rng.standard_normal(256) * s).astype(np.float32) for s in (0.02, 1.0, 1e3, 1e-3)]
+    special = (rng.standard_normal((8, 256)) * 0.05).astype(np.float32)
+    special[0, 16:32] = 0.0  # all-zero sub-block: early return, quants 0, scale 0
+    special[1, 48:64] = (rng.standard_normal(16) * 1e-39).astype(np.float32)  # denormal, below the eps
+    special[2, 0:16] = np.float32(0.25) * np.where(np.arange(16) % 2, 1, -1)  # |x| ties: first wins
+    special[3, 240:256] = 0.0
+    special[3, 247] = -3.0  # one non-zero value
+    special[4, 128:144] = np.float32(2e-15)  # just above GROUP_MAX_EPS
+    special[5] = np.round(special[5] * 200)  # integer grid: ties in the candidate scales
+    special[6, 32:48] *= np.float32(1e30)  # huge next to ordinary lanes
+    special[7] = np.abs(special[7])  # positive only: the max is positive, iscale negative
+    return np.concatenate([np.stack(blocks), special])
+
+
+def test_q6_k_lane_fits_match_scalar_make_qx_quants():
+    from lucebox_cli.quant.q6_k import make_qx_quants_rmse1, q6_scratch, subblock_fits
+
+    for x in _q6_k_superblocks():
+        L, scales, lanes = q6_scratch()
+        L[:] = -999  # every quant must be written
+        scales[:] = np.nan  # every scale must be written
+        for a in lanes:
+            a[...] = np.nan  # no lane may read scratch it did not write
+        subblock_fits(x, 0, L, scales, lanes)
+        ref_L = np.full(256, -999, np.int64)
+        ref_scales = np.array([make_qx_quants_rmse1(x, 16 * j, 16, 32, ref_L, 16 * j) for j in range(16)],
+                              np.float32)
+        assert np.array_equal(L, ref_L)
+        assert np.array_equal(scales.view(np.uint32), ref_scales.view(np.uint32))
+
+
+def test_q6_k_odd_shapes_match_llama_cpp():
+    # an odd row count and a row length of 3 super-blocks; the lane edge cases inside real rows
+    x = np.concatenate([_random(37, 768, seed=5), _q6_k_superblocks().reshape(-1, 768)])
+    ours = quantize_q6_k(x)
+    ref = reference_quantize(_ggml_id("Q6_K"), x)
+    assert np.array_equal(ours, ref), f"{(ours != ref).any(axis=1).sum()} of {x.shape[0]} rows differ"
