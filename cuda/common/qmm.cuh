@@ -78,9 +78,11 @@ __device__ __forceinline__ void qmm_flush(const QmmArgs& a, int64_t row0, float 
 }
 
 // One item of one warp: the MT row tiles' 256-block kb (already in rr) times the NT column tiles of x.
+// xb[ct] points at x of column tile ct at k = kb·256 + klane(t) (XCursor): every x load below is that
+// pointer plus a compile-time offset, one LDG with an immediate instead of a 64-bit address per load.
 template <int QT, int NT, int MT>
 __device__ __forceinline__ void qmm_item(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
-                                         const float* const (&xcol)[NT], int kb, int t) {
+                                         const float* const (&xb)[NT], int t) {
     using Tr = Traits<QT>;
     static_for<Tr::kChunks>([&](auto C) {
         static_for<Tr::kHiLo>([&](auto S) {
@@ -94,11 +96,11 @@ __device__ __forceinline__ void qmm_item(const typename Traits<QT>::Row (&rr)[MT
             }
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
-                const int kk = kb * QK + Tr::kofs(C, u, S, t);
+                const int ks = Tr::kstep(c, u, st);
                 uint32_t b[NT][2];
 #pragma unroll
                 for (int ct = 0; ct < NT; ++ct) {
-                    const float4 xv = __ldg(reinterpret_cast<const float4*>(xcol[ct] + kk));
+                    const float4 xv = __ldg(reinterpret_cast<const float4*>(xb[ct] + ks));
                     b[ct][0] = h2_bits(__floats2half2_rn(xv.x, xv.z));
                     b[ct][1] = h2_bits(__floats2half2_rn(xv.y, xv.w));
                 }
@@ -114,6 +116,25 @@ __device__ __forceinline__ void qmm_item(const typename Traits<QT>::Row (&rr)[MT
         });
     });
 }
+
+// The per-lane x pointers of the current item, one per column tile, advanced with the item instead of
+// kept as column bases plus a per-item offset (which would hold 2·NT more registers through the item).
+// Columns beyond n read column n-1 (in bounds; their results are never stored).
+template <int QT, int NT>
+struct XCursor {
+    const float* p[NT];
+    __device__ XCursor(const QmmArgs& a, int kb, int g, int t) {
+#pragma unroll
+        for (int ct = 0; ct < NT; ++ct)
+            p[ct] = a.x + (int64_t)min(8 * ct + g, a.n - 1) * a.k + kb * QK + Traits<QT>::klane(t);
+    }
+    // to the next item: the next 256-block, or back to block 0 when the row group wrapped (kb is the new one)
+    __device__ void advance(int kb, int nb) {
+        const int step = kb == 0 ? -(nb - 1) * QK : QK;
+#pragma unroll
+        for (int ct = 0; ct < NT; ++ct) p[ct] += step;
+    }
+};
 
 // ---- the register kernel (every type and n) -----------------------------------------------------
 
@@ -133,10 +154,7 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
     if (it >= end) return;
     int64_t grp = it / nb;
     int kb = (int)(it - grp * nb);
-    // Columns beyond n read column n-1 (in bounds; their results are never stored).
-    const float* xcol[NT];
-#pragma unroll
-    for (int ct = 0; ct < NT; ++ct) xcol[ct] = a.x + (int64_t)min(8 * ct + g, a.n - 1) * a.k;
+    XCursor<QT, NT> xc(a, kb, g, t);
 
     float acc[MT][NT][4];
 #pragma unroll
@@ -162,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
                     if constexpr (Tr::kD16)
                         rr[m][h].d = __half2float(Traits<Q6_K>::d_array(a.w, a.n_rows, a.k)[row * nb + kb]);
                 }
-            qmm_item<QT, NT, MT>(rr, acc, xcol, kb, t);
+            qmm_item<QT, NT, MT>(rr, acc, xc.p, t);
         }
         if (kb + 1 == nb || it + 1 == end) {
             if (row0 < a.n_rows) qmm_flush<NT, MT>(a, row0, acc, g, t);
@@ -171,6 +189,7 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
             kb = 0;
             ++grp;
         }
+        xc.advance(kb, nb);
     }
 }
 
@@ -250,9 +269,6 @@ __global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stage
         }
     };
 
-    const float* xcol[NT];
-#pragma unroll
-    for (int ct = 0; ct < NT; ++ct) xcol[ct] = a.x + (int64_t)min(8 * ct + g, a.n - 1) * a.k;
     float acc[MT][NT][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -263,6 +279,7 @@ __global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stage
 
     int64_t grp = it / nb;
     int kb = (int)(it - grp * nb);
+    XCursor<QT, NT> xc(a, kb, g, t);
     // producer cursor: stages-1 items ahead of the consumer; one commit group per item (empty past the end)
     int64_t pit = it, pgrp = grp;
     int pkb = kb;
@@ -296,7 +313,7 @@ __global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stage
                 for (int h = 0; h < 2; ++h)
 #pragma unroll
                     for (int p = 0; p < kP; ++p) rr[m][h].v[p] = base[((2 * m + h) * kP + p) * 32 + lane];
-            qmm_item<QT, NT, MT>(rr, acc, xcol, kb, t);
+            qmm_item<QT, NT, MT>(rr, acc, xc.p, t);
         }
         if (kb + 1 == nb || it + 1 == end) {
             if (row0 < a.n_rows) qmm_flush<NT, MT>(a, row0, acc, g, t);
@@ -306,6 +323,7 @@ __global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stage
             kb = 0;
             ++grp;
         }
+        xc.advance(kb, nb);
     }
 }
 

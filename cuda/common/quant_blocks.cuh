@@ -85,6 +85,24 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
     return v;
 }
 
+// d = lop3(a, b, c) with truth table LUT (0xEA: (a & b) | c). ptxas does not merge `(w & M) | C` for two
+// distinct immediates M and C into one LOP3 (an instruction takes one immediate), so written out each mask
+// and or costs two; here it is one, the second constant living in a register set once per kernel.
+template <uint32_t LUT>
+__device__ __forceinline__ uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
+    return d;
+}
+constexpr uint32_t kAndOr = 0xEA;  // (a & b) | c, with a = 0xF0, b = 0xCC, c = 0xAA
+
+// Shift left by a compile-time amount that may be negative (then right), logical.
+template <int SH>
+__device__ __forceinline__ uint32_t shl_signed(uint32_t v) {
+    if constexpr (SH >= 0) return v << SH;
+    else return v >> -SH;
+}
+
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 
@@ -141,7 +159,8 @@ __device__ __forceinline__ void scale_min_k4(uint32_t s1, uint32_t s2, uint32_t 
 //                  (qmm_ring_kernel copies exactly these pieces into shared memory, lane by lane);
 //   kD16           Q6_K only: the row's fp16 d lives in the trailing d array, 2 bytes, outside the pieces;
 //   piece(w, n_rows, k, row, kb, t, p)    the global address of piece p;
-//   kofs(c, u, s, t)                       k within the block of byte 0 of word u, step s;
+//   klane(t) + kstep(c, u, s)              k within the block of byte 0 of word u, step s: the lane's
+//                                          part once per item, the rest a compile-time load offset;
 //   prep<c, s>(r, t)                       the Scales of chunk c, step s (shared by its four words);
 //   frag<c, s>(r, k, u, t, s02, s13)       the two A half2 of word u's step: slots (2t, 2t+1) from
 //                                          bytes 0 and 2, slots (2t+8, 2t+9) from bytes 1 and 3.
@@ -170,7 +189,8 @@ struct TraitsK45 {
         if (kFive && p == kQh) return b + 16 + 16 * (t & 1);
         return b + (kFive ? 48 : 16) + 16 * t + 64 * (p - kQs);
     }
-    __device__ static int kofs(int c, int u, int s, int t) { return 64 * (2 * c + (t >> 1)) + 32 * s + 16 * (t & 1) + 4 * u; }
+    __device__ static int klane(int t) { return 64 * (t >> 1) + 16 * (t & 1); }
+    static constexpr int kstep(int c, int u, int s) { return 128 * c + 32 * s + 4 * u; }
     template <int C, int S>
     __device__ static Scales prep(const Row& r, int t) {
         const int j = 2 * C + (t >> 1);  // qs group; sub-block 2j + S, below 4 exactly when C == 0
@@ -184,18 +204,21 @@ struct TraitsK45 {
     template <int C, int S>
     __device__ static void frag(const Row& r, const Scales& k, int u, int t, uint32_t& s02, uint32_t& s13) {
         const uint32_t wq = (&r.v[kQs + C].x)[u];
-        const uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
-        uint32_t p02 = (wq & mask) | kMagic;
-        uint32_t p13 = ((wq >> 8) & mask) | kMagic;
-        if (kFive) {
-            const int j = 2 * C + (t >> 1);
-            const uint32_t hb = (&r.v[kQh].x)[u] >> (2 * j + S);
-            // 5th bit worth 16 (lo) or 256 (hi, in the 16q scale): bit 4 or bit 8 of each half
-            p02 |= (hb & 0x00010001u) << (S ? 8 : 4);
-            p13 |= ((hb >> 8) & 0x00010001u) << (S ? 8 : 4);
+        constexpr uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
+        uint32_t or02 = kMagic, or13 = kMagic;
+        if constexpr (kFive) {
+            // The 5th bit of sub-block 2j + S, j = 2C + (t >> 1), is bit 2j + S of each qh byte (bit 0 of hb).
+            // It is worth 16 (lo) or 256 (hi, in the 16q scale): bit sh = 4 or 8 of each half, so bytes 0
+            // and 2 shift by sh, bytes 1 and 3 by sh - 8. (Shifting the lane's 2(t >> 1) once per word for
+            // both steps would save one shift per step but keeps those words live across steps: the
+            // NT = 3, MT = 2 instances then spill.)
+            const uint32_t hb = (&r.v[kQh].x)[u] >> (2 * (2 * C + (t >> 1)) + S);
+            constexpr int sh = S ? 8 : 4;
+            or02 = lop3<kAndOr>(hb << sh, 0x00010001u << sh, kMagic);
+            or13 = lop3<kAndOr>(shl_signed<sh - 8>(hb), 0x00010001u << sh, kMagic);
         }
-        s02 = deq2(p02, kSub1024(), k.scale, k.neg_min);
-        s13 = deq2(p13, kSub1024(), k.scale, k.neg_min);
+        s02 = deq2(lop3<kAndOr>(wq, mask, or02), kSub1024(), k.scale, k.neg_min);
+        s13 = deq2(lop3<kAndOr>(wq >> 8, mask, or13), kSub1024(), k.scale, k.neg_min);
     }
 };
 template <>
@@ -225,7 +248,8 @@ struct Traits<Q6_K> {
     __device__ static const __half* d_array(const uint8_t* w, int64_t n_rows, int k) {
         return reinterpret_cast<const __half*>(w + n_rows * (k / QK) * kQ6Packed);
     }
-    __device__ static int kofs(int c, int u, int s, int t) { return 128 * c + 64 * s + 16 * t + 4 * u; }
+    __device__ static int klane(int t) { return 16 * t; }
+    static constexpr int kstep(int c, int u, int s) { return 128 * c + 64 * s + 4 * u; }
     template <int C, int S>
     __device__ static Scales prep(const Row& r, int t) {
         // scales 8C + 4S + t: word 2C + S of the 16 scale bytes, byte t (signed)
@@ -235,11 +259,14 @@ struct Traits<Q6_K> {
     template <int C, int S>
     __device__ static void frag(const Row& r, const Scales& k, int u, int t, uint32_t& s02, uint32_t& s13) {
         const uint32_t wq = (&r.v[C].x)[u];
+        constexpr uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
+        // 6-bit value = nibble | 2 high bits << 4; in the hi (16q) form the 2 bits go to bits 8-9. The high
+        // bits are bits 0-1 of each byte of hb: to bit sh for bytes 0 and 2, by sh - 8 for bytes 1 and 3.
         const uint32_t hb = (&r.v[2 + C].x)[u] >> (4 * S + 2 * (t >> 1));
-        const uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
-        // 6-bit value = nibble | 2 high bits << 4; in the hi (16q) form the 2 bits go to bits 8-9.
-        const uint32_t p02 = (wq & mask) | ((hb & 0x00030003u) << (S ? 8 : 4)) | kMagic;
-        const uint32_t p13 = ((wq >> 8) & mask) | (((hb >> 8) & 0x00030003u) << (S ? 8 : 4)) | kMagic;
+        constexpr int sh = S ? 8 : 4;
+        const uint32_t p02 = lop3<kAndOr>(wq, mask, lop3<kAndOr>(hb << sh, 0x00030003u << sh, kMagic));
+        const uint32_t p13 =
+            lop3<kAndOr>(wq >> 8, mask, lop3<kAndOr>(shl_signed<sh - 8>(hb), 0x00030003u << sh, kMagic));
         // q - 32: subtract 1024 + 32 (or 1024 + 16·32 in the 16q form), exact in fp16
         const __half2 sub = S ? kSub1536() : kSub1056();
         s02 = h2_bits(__hmul2(__hsub2(bits_h2(p02), sub), k.scale));
@@ -265,7 +292,8 @@ struct Traits<Q8_0> {
         if (p < 4) return w + row * k + (int64_t)kb * QK + 16 * t + 64 * p;
         return w + n_rows * k + (row * (k / 32) + 8 * kb) * 2;
     }
-    __device__ static int kofs(int c, int u, int, int t) { return 64 * c + 16 * t + 4 * u; }
+    __device__ static int klane(int t) { return 16 * t; }
+    static constexpr int kstep(int c, int u, int) { return 64 * c + 4 * u; }
     template <int C, int S>
     __device__ static Scales prep(const Row& r, int t) {
         const uint32_t dw = (&r.v[4].x)[C];  // blocks 2C, 2C + 1
