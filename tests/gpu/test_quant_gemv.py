@@ -159,7 +159,8 @@ def run_case(qt: str, rows: int, k: int, n: int, accumulate: int) -> float:
 # of Q6_K and Q8_0's trailing arrays sits at an even index, with no partner).
 GEMV_SHAPES = [(257, 5120), (5120, 17408), (17408, 5120), (301, 256 * 7)]
 SMALLN_SHAPES = [(257, 5120), (1001, 256 * 7)]
-NS = [2, 7, 23, 64]
+# every column-tile width the dispatch picks: n = 2, 7 (NT 1), 13 (2), 23 (3), 29 (4), 41 (6), 64 (8)
+NS = [2, 7, 13, 23, 29, 41, 64]
 # Enough items that every block takes several and flushes mid-range (the shapes above give most blocks a
 # single item at n > 1); at n = 5, Q8_0 takes the cp.async ring kernel (>= 48 MiB) and its ring wraps.
 MANY_ITEMS_SHAPE = (17408, 5120)
