@@ -98,6 +98,21 @@ def rel(a, b) -> float:
     return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b**2)))
 
 
+def assert_same_or_near_tie(ids, ref_ids, ref_logits, what: str, rel_gap: float = 1e-5) -> None:
+    """ids (a repeated call's argmax) == ref_ids, except at a genuine near-tie of the reference logits.
+
+    The quantized GEMMs accumulate stream-K partial sums with fp32 atomics, so two calls on the same
+    inputs can differ in the last bits (order of the adds); an argmax may then flip only between logits
+    closer than that noise. Seen once on the H200 (qmm v4, N64 slot 8); anything wider is a real bug."""
+    ids, ref_ids = np.asarray(ids).tolist(), np.asarray(ref_ids).tolist()
+    for i, (a, b) in enumerate(zip(ids, ref_ids)):
+        if a != b:
+            row = np.asarray(ref_logits[i], np.float64)
+            gap = abs(row[a] - row[b]) / np.abs(row).max()
+            assert gap < rel_gap, f"{what}: slot {i} {a} vs {b}, logit gap {gap:.3g} of the row's scale"
+    assert len(ids) == len(ref_ids), what
+
+
 def branched_tree(seed: int, n: int):
     from lucebox_cli.engines.base import Tree
 
@@ -230,7 +245,8 @@ def check_verify_commit(seed: int, n: int, budget: int) -> None:
             # device argmax of the same call's logits (still in the device buffer) == np.argmax of the copy
             assert gpu.device_topk(n, 1)[:, 0].tolist() == np.argmax(rg.logits, axis=-1).tolist()
             ra = gpu.verify_argmax(tree)
-            assert ra.logits is None and ra.argmax.tolist() == rg.argmax.tolist(), "verify_argmax ids differ"
+            assert ra.logits is None
+            assert_same_or_near_tie(ra.argmax, rg.argmax, rg.logits, "verify_argmax ids differ")
             path = tree.path_to(int(np.argmax(tree.depth)))
             gpu.poison()
             gpu.commit(path)
