@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The one script run on the device machine. Call it with the device tool as
-#   command: bash scripts/device_check.sh      carry: [".whl", "build/h200-sm90/liblucebox.so"]
-# It installs the carried wheels (the device has no gguf), uses the carried library when its commit
-# matches (else builds), runs every gpu test, then the benches: `lucebox bench speed` on the random-weight
-# 0.8B (pp520 / tg128), the 27B quantized GEMV bandwidth table, and the 27B DeltaNet/attention op timings.
-# Results land under $OUT (at most 8 files come back): setup.log, gpu_tests.log, bench.json, bench.md,
-# quant_gemv.log, gdn_attn.json, summary.txt.
-# Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant gdn" (which
-# benches), LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build).
+#   command: LUCEBOX_GIT_COMMIT=<sha> bash scripts/device_check.sh
+#   carry:   [".whl", ".gl/dflash", "build/h200-sm90/liblucebox.so"]   (build it here first: make build PROFILE=h200-sm90)
+# It installs the carried wheels (the device has no gguf), uses the carried library (else builds), runs every
+# gpu test, then the benches: `lucebox bench speed` on the random-weight 0.8B (pp520 / tg128), the 27B quantized
+# GEMV bandwidth table, the 27B DeltaNet/attention op timings, and the full random 27B (scripts/device_27b.sh:
+# pp520, tg128, tg128 at depth 4096, the 23-slot verify, `lucebox run`). About 6 minutes with everything.
+# Results: $OUT/summary.txt (every headline line), $OUT/bench.md, and every log in $OUT/results.tgz (the device
+# tool returns at most 8 files).
+# Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant gdn 27b" (which
+# benches; "none" for tests only), LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried
+# .cache/<name>-build).
 set -u -o pipefail
 OUT=${OUT:-/tmp/lucebox_out}
 PROFILE=${PROFILE:-h200-sm90}
@@ -39,7 +42,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: benches only (when only bench
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -30 | tee -a "$S"
 fi
 
-BENCHES=${BENCHES:-speed quant gdn}
+BENCHES=${BENCHES:-speed quant gdn 27b}
 if [[ " $BENCHES " == *" speed "* ]]; then
 echo "== bench speed (0.8B, random weights)" | tee -a "$S"
 MODEL=/tmp/random-qwen3.5-0.8b
@@ -64,3 +67,14 @@ echo "== 27B DeltaNet / attention op timings" | tee -a "$S"
 timeout 90 python3 scripts/bench_gdn_attn.py --json "$OUT/gdn_attn.json" > "$OUT/gdn_attn.log" 2>&1
 tail -14 "$OUT/gdn_attn.log" | tee -a "$S"
 fi
+
+if [[ " $BENCHES " == *" 27b "* ]]; then
+echo "== full random 27B (scripts/device_27b.sh)" | tee -a "$S"
+mkdir -p "$OUT/27b"
+OUT="$OUT/27b" SKIP_WHEELS=1 bash scripts/device_27b.sh > "$OUT/27b/stdout.txt" 2>&1
+grep -E "pp520|tg128|verify23|rc=" "$OUT/27b/summary.txt" | tee -a "$S"
+fi
+
+# at most 8 files come back: everything but the summary and the table goes into one archive
+( cd "$OUT" && tar czf /tmp/results.tgz --exclude=./summary.txt --exclude=./bench.md . && mv /tmp/results.tgz . \
+  && find . -mindepth 1 -depth ! -path ./results.tgz ! -path ./summary.txt ! -path ./bench.md -delete )
