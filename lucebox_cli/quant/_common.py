@@ -1,4 +1,5 @@
-"""Small pieces the quantizer kernels share: input checks, C float→int conversions, fp16 stores.
+"""Small pieces the quantizer kernels share: input checks, C float→int conversions, fp16 stores,
+stack scratch.
 
 Numba's on-disk cache (cache=True) is keyed on the file that defines a kernel, not on the helpers it
 inlines from other files: after editing a helper here, in floats.py or in q4_k.py (Q5_K reuses it),
@@ -8,7 +9,9 @@ delete lucebox_cli/quant/__pycache__/*.nbi *.nbc or the old machine code keeps r
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 from lucebox_cli.quant.floats import fp32_to_fp16_bits
 
@@ -71,3 +74,26 @@ def store_fp16(out, pos, f):
     h = fp32_to_fp16_bits(f)
     out[pos] = h & 0xFF
     out[pos + 1] = (h >> 8) & 0xFF
+
+
+@intrinsic
+def stack_f32(typingctx, n):
+    """Pointer to n float32 on the stack (n a compile-time constant); wrap it with numba.carray.
+
+    For per-call scratch inside an inlined kernel: LLVM knows that a stack slot which does not
+    escape cannot alias any other array, so values kept there (lane accumulators, say) stay in
+    registers across loops. With np.zeros scratch it must assume that a store to one array may
+    change another, keeps every accumulator in memory and, in the Q4_K lane search, left most
+    loops scalar. The slot lives until the enclosing compiled function returns: never return or
+    store an array made from it. Not zeroed."""
+    if not isinstance(n, types.IntegerLiteral):
+        return None
+    count = n.literal_value
+
+    def codegen(context, builder, signature, args):
+        with builder.goto_entry_block():  # one slot per function call, also when used in a loop
+            ptr = builder.alloca(ir.FloatType(), size=ir.Constant(ir.IntType(64), count))
+            ptr.align = 64
+        return ptr
+
+    return types.CPointer(types.float32)(n), codegen

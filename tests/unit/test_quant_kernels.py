@@ -163,3 +163,73 @@ def test_q6_k_odd_shapes_match_llama_cpp():
     ours = quantize_q6_k(x)
     ref = reference_quantize(_ggml_id("Q6_K"), x)
     assert np.array_equal(ours, ref), f"{(ours != ref).any(axis=1).sum()} of {x.shape[0]} rows differ"
+
+
+def _k_quant_superblocks() -> np.ndarray:
+    """Super-blocks whose sub-blocks (32 values each) hit make_qkx2_quants' edge cases side by side
+    with ordinary ones, so one lane's special path cannot leak into its neighbours (16 lanes: the
+    8 sub-blocks of two super-blocks)."""
+    rng = np.random.default_rng(13)
+    blocks = [(rng.standard_normal(256) * s).astype(np.float32) for s in (0.02, 1.0, 1e3, 1e-3)]
+    special = (rng.standard_normal((10, 256)) * 0.05).astype(np.float32)
+    special[0, 32:64] = 0.0  # all zero: max == min, early return (quants 0, scale 0, min 0)
+    special[1, 64:96] = np.float32(0.37)  # constant positive: min clamps to 0, max != min
+    special[1, 96:128] = np.float32(-2.5)  # constant negative: max == min, early return with -min
+    special[2, 0:32] = np.abs(special[2, 0:32]) + np.float32(0.1)  # positive only: min clamps to 0
+    special[3, 224:256] = -np.abs(special[3, 224:256]) - np.float32(0.1)  # negative only
+    special[4, 128:160] = (rng.standard_normal(32) * 1e-39).astype(np.float32)  # denormal range
+    special[5, 160:192] = 0.0
+    special[5, 170] = -3.0  # one non-zero value
+    special[6] = np.round(special[6] * 200)  # integer grid: ties in the candidate quants
+    special[7, 32:64] *= np.float32(1e15)  # huge next to ordinary lanes
+    special[8, 192:224] = (np.arange(32) % 3 - 1) * np.float32(0.5)  # three levels: D = 0 candidates
+    special[9, 0:32] = (rng.standard_normal(32) * 1e-20).astype(np.float32)  # tiny
+    return np.concatenate([np.stack(blocks), special])
+
+
+@pytest.mark.parametrize("nmax, rmin, nstep", [(15, -1.0, 20), (31, -0.5, 15), (15, -1.0, 0)],
+                         ids=["q4_k", "q5_k", "no-search"])
+def test_k_quant_lane_fits_match_scalar_make_qkx2_quants(nmax, rmin, nstep):
+    from numba import njit
+
+    from lucebox_cli.quant.q4_k import subblock_fits, subblock_fits_scalar
+
+    @njit(error_model="numpy")  # as the quantizer kernels: float division by zero gives inf/NaN
+    def lanes(x, o0, o1, L, scales, mins):
+        subblock_fits(x, o0, o1, nmax, np.float32(rmin), np.float32(0.1), nstep, L, scales, mins)
+
+    @njit(error_model="numpy")
+    def scalar(x, o, L, scales, mins):
+        subblock_fits_scalar(x, o, nmax, np.float32(rmin), np.float32(0.1), nstep, L, scales, mins)
+
+    blocks = _k_quant_superblocks()
+    flat = blocks.ravel()
+    n = len(blocks)
+    # every block in both lane halves, next to a different block each time, and once paired with itself
+    pairs = [(a, (a + 1) % n) for a in range(n)] + [((a + 3) % n, a) for a in range(n)] + [(2, 2)]
+    for a, b in pairs:
+        L = np.full(512, -999, np.int64)  # every quant must be written
+        scales = np.full(16, np.nan, np.float32)  # every scale and min must be written
+        mins = np.full(16, np.nan, np.float32)
+        lanes(flat, 256 * a, 256 * b, L, scales, mins)
+        for half, blk in enumerate((a, b)):
+            ref_L = np.full(256, -999, np.int64)
+            ref_scales = np.full(8, np.nan, np.float32)
+            ref_mins = np.full(8, np.nan, np.float32)
+            scalar(flat, 256 * blk, ref_L, ref_scales, ref_mins)
+            lanes8 = slice(8 * half, 8 * half + 8)
+            assert np.array_equal(L[256 * half:256 * half + 256], ref_L), (a, b, half)
+            assert np.array_equal(scales[lanes8].view(np.uint32), ref_scales.view(np.uint32)), (a, b, half)
+            assert np.array_equal(mins[lanes8].view(np.uint32), ref_mins.view(np.uint32)), (a, b, half)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
+def test_k_quant_odd_shapes_match_llama_cpp(qtype):
+    # super-blocks are fitted two at a time: an odd count per row (3, then 1) fits the last one
+    # alone; odd row counts; the lane edge cases inside real rows
+    x3 = np.concatenate([_random(37, 768, seed=6), _k_quant_superblocks()[:12].reshape(-1, 768)])
+    x1 = np.concatenate([_random(5, 256, seed=7), _k_quant_superblocks()])
+    for x in (x3, x1):
+        ours = QUANTIZERS[qtype](x)
+        ref = reference_quantize(_ggml_id(qtype), x)
+        assert np.array_equal(ours, ref), f"{(ours != ref).any(axis=1).sum()} of {x.shape[0]} rows differ"
