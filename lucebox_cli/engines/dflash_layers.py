@@ -199,6 +199,14 @@ class Layers:
             prog = self._programs[key] = Program(self.lib, layers)
         return prog
 
+    def _dispatch(self, key: tuple, issue: Any, **values: int) -> None:
+        """issue(**values) through the program recorded for `key` (values become symbols patched per call),
+        or call by call when use_programs is off. (run() records per layer and takes taps: it does its own.)"""
+        if self.use_programs:
+            self._program(key, lambda _: issue(**{k: Sym(k) for k in values})).run(values)
+        else:
+            issue(**values)
+
     # -- primitives --
 
     def matmul(self, name: str, x: int, y: int, t: int, accumulate: int = 0) -> None:
@@ -298,10 +306,7 @@ class Layers:
 
     def head(self, row0: int, n: int) -> None:
         """logits[0..n) = LM head of RMSNorm1p(x[row0 .. row0 + n))."""
-        if self.use_programs:
-            self._program(("head", row0, n), lambda _: self.issue_head(row0, n)).run({})
-        else:
-            self.issue_head(row0, n)
+        self._dispatch(("head", row0, n), lambda: self.issue_head(row0, n))
 
     def issue_head(self, row0: int, n: int) -> None:
         b = self.b
@@ -312,10 +317,7 @@ class Layers:
 
     def topk(self, n: int, k: int) -> None:
         """topk_ids[0..n, 0..k) = the k best columns of logits rows 0..n (lb_df_topk; k = 1: argmax)."""
-        if self.use_programs:
-            self._program(("topk", n, k), lambda _: self.issue_topk(n, k)).run({})
-        else:
-            self.issue_topk(n, k)
+        self._dispatch(("topk", n, k), lambda: self.issue_topk(n, k))
 
     def issue_topk(self, n: int, k: int) -> None:
         b, v = self.b, self.cfg.vocab
@@ -323,10 +325,7 @@ class Layers:
 
     def commit(self, n: int, n_past: int) -> None:
         """Fold the accepted path (already in b.path, n slots) into states, conv windows and KV rows."""
-        if self.use_programs:
-            self._program(("commit", n), lambda _: self.issue_commit(n, Sym("n_past"))).run({"n_past": n_past})
-        else:
-            self.issue_commit(n, n_past)
+        self._dispatch(("commit", n), lambda n_past: self.issue_commit(n, n_past), n_past=n_past)
 
     def issue_commit(self, n: int, n_past: Any) -> None:
         cfg, b = self.cfg, self.b

@@ -4,21 +4,9 @@ other CUDA binding needed). `tests/gpu` is on sys.path under pytest and in scrip
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import numpy as np
-import pytest
-
-
-@functools.lru_cache(maxsize=1)
-def lib():
-    from lucebox_cli.config import resolve_profile
-    from lucebox_cli.engines import _lib
-
-    probe = _lib.probe_gpus()
-    if not probe.gpus:
-        pytest.skip(f"no GPU: {probe.reason}")
-    return _lib.load(resolve_profile(None, probe.gpus))
+from gpu_lib import lib
 
 
 class Dev:

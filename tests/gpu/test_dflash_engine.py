@@ -30,36 +30,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "unit"), str(Path(__file__).resolve().parent)]
 
-try:
-    import pytest
-except ImportError:  # script mode without pytest: decorators become no-ops
-
-    class _Shim:
-        def __getattr__(self, _name):
-            return lambda *a, **k: (lambda f: f)
-
-        @staticmethod
-        def skip(reason: str):
-            raise RuntimeError(reason)
-
-    pytest = _Shim()
-    pytest.mark = _Shim()
+from gpu_lib import lib, pytest  # noqa: E402  (tests/gpu is on sys.path: see above)
 
 pytestmark = pytest.mark.gpu
 
 TOL = 1e-2
 VOCAB = 4096
 
-
-@functools.lru_cache(maxsize=1)
-def lib():
-    from lucebox_cli.config import resolve_profile
-    from lucebox_cli.engines import _lib
-
-    probe = _lib.probe_gpus()
-    if not probe.gpus:
-        pytest.skip(f"no GPU: {probe.reason}")
-    return _lib.load(resolve_profile(None, probe.gpus))
 
 
 @functools.lru_cache(maxsize=None)

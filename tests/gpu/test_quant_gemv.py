@@ -18,20 +18,8 @@ import sys
 
 import numpy as np
 
-try:
-    import pytest
-except ImportError:  # script mode on a machine without pytest: decorators become no-ops
-
-    class _Shim:
-        def __getattr__(self, _name):
-            return lambda *a, **k: (lambda f: f)
-
-        @staticmethod
-        def skip(reason: str):
-            raise RuntimeError(reason)
-
-    pytest = _Shim()
-    pytest.mark = _Shim()
+from gpu_lib import lib as full_lib
+from gpu_lib import pytest
 
 pytestmark = pytest.mark.gpu
 
@@ -51,7 +39,6 @@ def lib():
     import os
     from pathlib import Path
 
-    from lucebox_cli.config import resolve_profile
     from lucebox_cli.engines import _lib
 
     alone = os.environ.get("LUCEBOX_QMM_LIB")
@@ -63,10 +50,7 @@ def lib():
             fn = getattr(cdll, name)
             fn.restype, fn.argtypes = _lib.DECLS[name]
         return _lib.Lib(path=Path(alone), cdll=cdll)
-    probe = _lib.probe_gpus()
-    if not probe.gpus:
-        pytest.skip(f"no GPU: {probe.reason}")
-    return _lib.load(resolve_profile(None, probe.gpus))
+    return full_lib()
 
 
 class Dev:
