@@ -64,6 +64,14 @@ for r in rows:
 PY
 grep -E "^(error|hint)|Error|Traceback" "$OUT/bench27.log" | head -6 | tee -a "$S"
 
+if [ -z "${SKIP_PROFILE:-}" ]; then  # kernel timeline of one step and one verify (torch.profiler; SKIP_PROFILE=1 skips)
+  echo "== kernel timeline (scripts/profile_27b_step.py)" | tee -a "$S"
+  timeout "${PROFILE_TIMEOUT:-90}" python3 scripts/profile_27b_step.py "$F" --json "$OUT/profile27.json" \
+    > "$OUT/profile27.log" 2>&1
+  echo "profile rc=$?" | tee -a "$S"
+  grep -E "^== |^   " "$OUT/profile27.log" | head -40 | tee -a "$S"
+fi
+
 echo "== lucebox run --spec none --max-tokens 16" | tee -a "$S"
 t0=$SECONDS
 timeout "${RUN_TIMEOUT:-50}" "${LB[@]}" run "$F" --engine cuda --spec none --max-tokens 16 \

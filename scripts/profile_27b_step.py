@@ -1,0 +1,101 @@
+"""Kernel timeline of one 27B decode step and one 23-slot verify (device only; needs torch for its profiler).
+
+    python3 scripts/profile_27b_step.py FILE.gguf [--json out.json]
+
+Why: the bench gives the step's wall time; this splits it into GPU-busy time per kernel family and the idle
+gaps between kernels (launch overhead, host work, syncs), which is what decides between faster kernels and
+CUDA graphs. torch.profiler records every kernel of the process's CUDA context through CUPTI, so the
+library's kernels (launched through ctypes, on its own stream) show up too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+
+
+def _events(prof) -> list[tuple[str, float, float]]:
+    """(name, start µs, duration µs) of the GPU kernels, in start order."""
+    out = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) is None or "CUDA" not in str(e.device_type):
+            continue
+        if e.name.startswith(("Memcpy", "Memset", "cudaMemcpy")):
+            kind = "memcpy"
+        else:
+            kind = "kernel"
+        start = e.time_range.start
+        out.append((e.name if kind == "kernel" else "[" + e.name + "]", float(start), float(e.time_range.elapsed_us())))
+    out.sort(key=lambda r: r[1])
+    return out
+
+
+def _summary(label: str, wall_ms: float, ev: list[tuple[str, float, float]], reps: int) -> dict:
+    busy = sum(d for _, _, d in ev) / 1e3 / reps
+    span = (ev[-1][1] + ev[-1][2] - ev[0][1]) / 1e3 / reps if ev else 0.0
+    gaps = [ev[i + 1][1] - (ev[i][1] + ev[i][2]) for i in range(len(ev) - 1)]
+    big = sorted(gaps, reverse=True)[: 5 * reps]
+    fam: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for name, _, d in ev:
+        short = name.split("(")[0].split("<")[0].replace("void ", "")[:60]
+        fam[short][0] += 1
+        fam[short][1] += d
+    rows = sorted(fam.items(), key=lambda kv: -kv[1][1])
+    print(f"== {label}: wall {wall_ms:.3f} ms per call; GPU busy {busy:.3f} ms; first-to-last kernel {span:.3f} ms; "
+          f"{len(ev) / reps:.0f} GPU ops per call; idle inside the span {span - busy:.3f} ms "
+          f"(median gap {sorted(gaps)[len(gaps) // 2] if gaps else 0:.2f} µs; largest {[round(g, 1) for g in big[:5]]})")
+    for name, (n, d) in rows[:16]:
+        print(f"   {d / 1e3 / reps:8.3f} ms  {n / reps:6.0f}x  {d / n:8.2f} µs each  {name}")
+    return {"label": label, "wall_ms": wall_ms, "busy_ms": busy, "span_ms": span, "ops": len(ev) / reps,
+            "families": [{"name": k, "count": v[0] / reps, "ms": v[1] / 1e3 / reps} for k, v in rows]}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("gguf")
+    ap.add_argument("--json")
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=520)
+    a = ap.parse_args(argv)
+
+    import numpy as np
+    import torch  # noqa: F401  (its profiler; the engine does not use torch)
+    from torch.profiler import ProfilerActivity, profile
+
+    from lucebox_cli.bench.runner import verify_tree
+    from lucebox_cli.engines.base import greedy_step, greedy_verify
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+    eng = DFlashTargetEngine(a.gguf, max_context=a.prompt + 256)
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, eng.cfg.vocab, a.prompt)]
+    tok = int(np.argmax(eng.prefill(prompt)))
+    for _ in range(4):  # warm-up: programs recorded, clocks up
+        tok = greedy_step(eng, tok)
+    tree = verify_tree(23, eng.cfg.vocab)
+    out = []
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(a.reps):
+            tok = greedy_step(eng, tok)
+        wall = (time.perf_counter() - t0) / a.reps * 1e3
+    out.append(_summary("decode step", wall, _events(prof), a.reps))
+
+    greedy_verify(eng, tree)  # warm-up of the tree program
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(a.reps):
+            greedy_verify(eng, tree)
+        wall = (time.perf_counter() - t0) / a.reps * 1e3
+    out.append(_summary("verify 23", wall, _events(prof), a.reps))
+    eng.close()
+    if a.json:
+        json.dump(out, open(a.json, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
