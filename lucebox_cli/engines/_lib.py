@@ -115,6 +115,7 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_device_count": (c_int, [POINTER(c_int)]),
     "lb_device_props": (c_int, [c_int, POINTER(DeviceProps)]),
     "lb_cuda_versions": (c_int, [POINTER(c_int), POINTER(c_int)]),
+    "lb_set_pdl": (c_int, [c_int]),
     # ops
     "lb_gemm_bf16": (c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, c_int, c_int, c_int, c_int, ctypes.c_void_p]),
     "lb_deltanet_chunked_scratch_bytes": (c_uint64, [c_int, c_int]),
