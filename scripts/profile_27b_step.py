@@ -39,7 +39,8 @@ def _summary(label: str, wall_ms: float, ev: list[tuple[str, float, float]], rep
     big = sorted(gaps, reverse=True)[: 5 * reps]
     fam: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for name, _, d in ev:
-        short = name.split("(")[0].split("<")[0].replace("void ", "")[:60]
+        short = name.replace("(anonymous namespace)::", "").replace("void ", "")
+        short = short.split("<")[0].split("(")[0][:60]
         fam[short][0] += 1
         fam[short][1] += d
     rows = sorted(fam.items(), key=lambda kv: -kv[1][1])
