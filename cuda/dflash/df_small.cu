@@ -1,18 +1,49 @@
 // Small kernels of the 27B target engine (engines/dflash.py) between the quantized projections and the
 // DeltaNet / attention ops: RMSNorm1p rows, SwiGLU, a stream-ordered device copy (tap capture), and the
 // KV-row compaction of a commit. All fp32 except the f16/bf16 cache rows (moved as raw 16-bit words).
+//
+// Every kernel here is launched with programmatic dependent launch (lb_pdl.cuh): it triggers its
+// successor at the top and waits for its predecessor before touching any activation, so the launch
+// gap between it and its neighbours overlaps the neighbours' drain. The norm weights are the only
+// inputs no kernel writes, but a row's loop reads them interleaved with x, so nothing moves ahead of
+// the wait.
 #include <stdint.h>
 
 #include "lb_arch.cuh"
 #include "lb_check.cuh"
+#include "lb_pdl.cuh"
 
 namespace {
 
 constexpr int NORM_THREADS = 256;
 
-// One block per row: y = x * rsqrt(mean(x^2) + eps) * w (w already holds the +1 of RMSNorm1p).
+// Up to two byte ranges the RMSNorm launch clears besides its rows: the outputs of the projections that
+// read its result, which then accumulate (accumulate = 1) instead of each paying a cudaMemsetAsync and
+// its launch gap. Each range: n4 16-byte units from p (16-byte aligned), then tail (< 4) floats.
+struct ZeroRanges {
+    float4* p[2];
+    uint64_t n4[2];
+    int tail[2];
+};
+
+// Blocks 0..rows-1: one row each, y = x * rsqrt(mean(x^2) + eps) * w (w already holds the +1 of
+// RMSNorm1p). Blocks rows..: the zero ranges, grid-stride. Clearing a range writes what earlier kernels
+// may still read (the previous layer's projections), so it too comes after the wait.
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                                               float* __restrict__ y, int n, float eps) {
+                                                               float* __restrict__ y, int n, float eps, int rows,
+                                                               ZeroRanges z) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
+    if ((int)blockIdx.x >= rows) {
+        const uint64_t nb = gridDim.x - rows, b = blockIdx.x - rows;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            for (uint64_t i = b * NORM_THREADS + threadIdx.x; i < z.n4[r]; i += nb * NORM_THREADS)
+                z.p[r][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (b == 0 && (int)threadIdx.x < z.tail[r]) reinterpret_cast<float*>(z.p[r] + z.n4[r])[threadIdx.x] = 0.0f;
+        }
+        return;
+    }
     __shared__ float red[NORM_THREADS / 32];
     const float* xr = x + (size_t)blockIdx.x * n;
     float* yr = y + (size_t)blockIdx.x * n;
@@ -31,6 +62,8 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __re
 // y = SiLU(g) * u elementwise; the sigmoid in its tanh form, as the CPU engine computes it.
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ y,
                               int64_t count) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
         const float a = g[i];
         y[i] = a * (0.5f * (1.0f + tanhf(0.5f * a))) * u[i];
@@ -42,6 +75,8 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
 // even when a later source row is an earlier destination (path[j] >= j, increasing).
 __global__ void kv_compact_kernel(uint16_t* __restrict__ cache, const int32_t* __restrict__ path, int n, int n_past,
                                   int heads, int max_ctx, int row) {
+    lb::pdl_trigger();
+    lb::pdl_wait();  // before the bounds return: a block must not exit ahead of its predecessor
     const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (idx >= (int64_t)heads * row) return;
     const int h = (int)(idx / row), d = (int)(idx % row);
@@ -54,12 +89,34 @@ __global__ void kv_compact_kernel(uint16_t* __restrict__ cache, const int32_t* _
 
 }  // namespace
 
-extern "C" LB_API int lb_df_rmsnorm(const void* x, const void* w, void* y, int t, int n, float eps, void* stream) {
+namespace {
+
+// Checks one (pointer, bytes) zero range and fills its slot; returns false when it is malformed.
+bool zero_range(void* p, uint64_t nbytes, ZeroRanges& z, int r) {
+    z.p[r] = static_cast<float4*>(p);
+    z.n4[r] = p ? nbytes / 16 : 0;
+    z.tail[r] = p ? (int)(nbytes % 16) / 4 : 0;
+    if (!p) return nbytes == 0;
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && nbytes % 4 == 0;
+}
+
+}  // namespace
+
+extern "C" LB_API int lb_df_rmsnorm(const void* x, const void* w, void* y, int t, int n, float eps, void* zero0,
+                                    uint64_t zero0_bytes, void* zero1, uint64_t zero1_bytes, void* stream) {
     LB_CHECK_ARG(x && w && y, "null pointer");
     LB_CHECK_ARG(t >= 1 && n >= 1, "need t >= 1 rows of n >= 1");
-    rmsnorm_kernel<<<t, NORM_THREADS, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const float*>(x), static_cast<const float*>(w), static_cast<float*>(y), n, eps);
-    LB_LAUNCH_TRY();
+    ZeroRanges z{};
+    LB_CHECK_ARG(zero_range(zero0, zero0_bytes, z, 0) && zero_range(zero1, zero1_bytes, z, 1),
+                 "a zero range needs a 16-byte aligned pointer and a multiple of 4 bytes (NULL and 0: none)");
+    // about four 16-byte stores per thread, at most 1024 zeroing blocks (grid-stride beyond: 23 rows of
+    // 27B logits are 23 MB)
+    const uint64_t units = z.n4[0] + z.n4[1] + (z.tail[0] || z.tail[1] ? 1 : 0);
+    const int64_t zb = units ? lb::ceil_div((int64_t)units, 4 * NORM_THREADS) : 0;
+    const int zero_blocks = (int)(zb < 1024 ? zb : 1024);
+    LB_CUDA_TRY(lb::launch_pdl(rmsnorm_kernel, dim3(t + zero_blocks), dim3(NORM_THREADS), 0,
+                               static_cast<cudaStream_t>(stream), static_cast<const float*>(x),
+                               static_cast<const float*>(w), static_cast<float*>(y), n, eps, t, z));
     return LB_OK;
 }
 
@@ -68,9 +125,9 @@ extern "C" LB_API int lb_df_swiglu(const void* g, const void* u, void* y, uint64
     LB_CHECK_ARG(count >= 1, "count is 0");
     const int64_t blocks = lb::ceil_div((int64_t)count, 256);
     const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);  // grid-stride beyond 1M elements
-    swiglu_kernel<<<grid, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const float*>(g), static_cast<const float*>(u), static_cast<float*>(y), (int64_t)count);
-    LB_LAUNCH_TRY();
+    LB_CUDA_TRY(lb::launch_pdl(swiglu_kernel, dim3(grid), dim3(256), 0, static_cast<cudaStream_t>(stream),
+                               static_cast<const float*>(g), static_cast<const float*>(u), static_cast<float*>(y),
+                               (int64_t)count));
     return LB_OK;
 }
 
@@ -86,8 +143,8 @@ extern "C" LB_API int lb_df_kv_compact(void* cache, const void* path, int n, int
     LB_CHECK_ARG(n >= 1 && n_past >= 0 && heads >= 1 && row >= 1 && n_past + n <= max_ctx,
                  "need n >= 1, n_past >= 0 and n_past + n <= max_ctx");
     const int64_t threads = (int64_t)heads * row;
-    kv_compact_kernel<<<(unsigned)lb::ceil_div(threads, 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<uint16_t*>(cache), static_cast<const int32_t*>(path), n, n_past, heads, max_ctx, row);
-    LB_LAUNCH_TRY();
+    LB_CUDA_TRY(lb::launch_pdl(kv_compact_kernel, dim3((unsigned)lb::ceil_div(threads, 256)), dim3(256), 0,
+                               static_cast<cudaStream_t>(stream), static_cast<uint16_t*>(cache),
+                               static_cast<const int32_t*>(path), n, n_past, heads, max_ctx, row));
     return LB_OK;
 }

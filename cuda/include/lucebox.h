@@ -162,6 +162,12 @@ LB_API int lb_dev_h2d(void* dst, const void* src, uint64_t nbytes);
 LB_API int lb_dev_d2h(void* dst, const void* src, uint64_t nbytes);
 LB_API int lb_dev_memset(void* dst, int byte, uint64_t nbytes);
 LB_API int lb_dev_sync(void);
+/* A CUDA stream with default flags (it synchronises with the legacy default stream, so the blocking
+ * lb_dev_* copies above stay ordered against its kernels), for an engine's launches; kernels launched
+ * with programmatic dependent launch overlap their boundaries on it (cuda/common/lb_pdl.cuh).
+ * lb_stream_destroy(NULL) does nothing. */
+LB_API int lb_stream_create(void** out);
+LB_API int lb_stream_destroy(void* stream);
 
 /* ---- 27B DeltaNet (cuda/ops/gdn_conv.cu, gdn_delta.cu, gdn_chunked.cu) ------------------------
  * Any Hk key heads and Hv value heads (Hv % Hk == 0; value head p reads key head p % Hk), dk = dv = 128,
@@ -362,8 +368,12 @@ LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n, float* log
 
 /* ---- 27B target engine helpers (cuda/dflash/df_small.cu), used by engines/dflash.py ---------------
  * fp32 device pointers unless stated; launches return at once on `stream`. */
-/* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w for t rows of n (w holds RMSNorm1p's +1). */
-LB_API int lb_df_rmsnorm(const void* x, const void* w, void* y, int t, int n, float eps, void* stream);
+/* y[r, :] = x[r, :] * rsqrt(mean(x[r, :]^2) + eps) * w for t rows of n (w holds RMSNorm1p's +1). The
+ * same launch sets zero0_bytes bytes at zero0 and zero1_bytes at zero1 to 0 (each pointer 16-byte
+ * aligned, bytes a multiple of 4, overlapping neither x nor y; NULL and 0: no range): the outputs of
+ * the projections that read y, which then accumulate onto zeros (accumulate = 1) with no memset. */
+LB_API int lb_df_rmsnorm(const void* x, const void* w, void* y, int t, int n, float eps, void* zero0,
+                         uint64_t zero0_bytes, void* zero1, uint64_t zero1_bytes, void* stream);
 /* y[i] = SiLU(g[i]) * u[i], i < count. */
 LB_API int lb_df_swiglu(const void* g, const void* u, void* y, uint64_t count, void* stream);
 /* Stream-ordered device-to-device copy of nbytes. */

@@ -38,3 +38,24 @@ extern "C" LB_API int lb_dev_sync(void) {
     LB_CUDA_TRY(cudaDeviceSynchronize());
     return LB_OK;
 }
+
+// A stream for one engine's launches. Default flags on purpose: such a stream synchronises with the
+// legacy default stream, so the synchronous lb_dev_h2d / d2h / memset above still order themselves
+// against its kernels (a copy waits for the kernels before it, the kernels after it wait for the copy).
+// Why not the legacy stream itself: programmatic dependent launch (lb_pdl.cuh) is a relation between
+// kernels of one ordinary stream; the legacy stream's implicit barriers are not that (docs/perf.md,
+// "27B launch overhead", measures both).
+extern "C" LB_API int lb_stream_create(void** out) {
+    LB_CHECK_ARG(out, "out is NULL");
+    *out = nullptr;
+    cudaStream_t s = nullptr;
+    LB_CUDA_TRY(cudaStreamCreate(&s));
+    *out = s;
+    return LB_OK;
+}
+
+// Destroys a stream of lb_stream_create (NULL: nothing). Work already queued on it still completes.
+extern "C" LB_API int lb_stream_destroy(void* stream) {
+    if (stream) LB_CUDA_TRY(cudaStreamDestroy(static_cast<cudaStream_t>(stream)));
+    return LB_OK;
+}

@@ -136,6 +136,8 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_dev_d2h": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_uint64]),
     "lb_dev_memset": (c_int, [ctypes.c_void_p, c_int, c_uint64]),
     "lb_dev_sync": (c_int, []),
+    "lb_stream_create": (c_int, [POINTER(ctypes.c_void_p)]),
+    "lb_stream_destroy": (c_int, [ctypes.c_void_p]),
     # 27B DeltaNet (cuda/ops/gdn_*.cu)
     "lb_gdn_conv_prep": (c_int, [ctypes.c_void_p, c_int] + [ctypes.c_void_p] * 12 + [c_int] * 4 + [ctypes.c_void_p]),
     "lb_gdn_out_norm": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, c_int,
@@ -180,7 +182,8 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_mk_prefill_free": (c_int, [ctypes.c_void_p]),
     "lb_mk_prefill": (c_int, [ctypes.c_void_p, POINTER(c_int32), c_int, POINTER(ctypes.c_float), POINTER(c_int32)]),
     # dflash
-    "lb_df_rmsnorm": (c_int, [ctypes.c_void_p] * 3 + [c_int, c_int, ctypes.c_float, ctypes.c_void_p]),
+    "lb_df_rmsnorm": (c_int, [ctypes.c_void_p] * 3 + [c_int, c_int, ctypes.c_float, ctypes.c_void_p, c_uint64,
+                                                       ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     "lb_df_swiglu": (c_int, [ctypes.c_void_p] * 3 + [c_uint64, ctypes.c_void_p]),
     "lb_df_copy": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     "lb_df_kv_compact": (c_int, [ctypes.c_void_p, ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),

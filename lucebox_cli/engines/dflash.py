@@ -14,8 +14,10 @@ with VerifyResult.logits = None. Ties go to the lower id and NaN wins, exactly a
 The memory plan (engines/memory_plan.py) is checked against the card before anything is allocated.
 Weights are uploaded tensor by tensor from the memory-mapped GGUF into one arena (Q6_K / Q8_0 repacked
 on the host, engines/dflash_upload.py); the embedding of an untied model stays on the host. The layer
-sequence is engines/dflash_layers.py. Everything runs on the legacy default stream, so the blocking
-lb_dev_* copies order themselves after the kernels.
+sequence is engines/dflash_layers.py. The kernels run on the engine's own stream (lb_stream_create:
+default flags, so it synchronises with the legacy default stream and the blocking lb_dev_* copies
+still order themselves against the kernels); on it, kernels launched with programmatic dependent
+launch overlap their boundaries (cuda/common/lb_pdl.cuh; LUCEBOX_PDL=0 turns that off).
 
 What is not built yet, said rather than hidden: prefill runs in chunks of 64 rows through the small-N
 quantized GEMM (the tensor-core GEMM for quantized weights does not exist yet), logits come back to
@@ -113,10 +115,12 @@ class DFlashTargetEngine:
         mp.fit(self.plan, card, getattr(prof, "name", "") or f"{card / 1e9:.0f} GB")
         self.stats = EngineStats()
         self._arenas: list[_Arena] = []
+        self._stream: Optional[int] = None
         try:
             mats, vecs = self._upload(entries)
             self._bufs = self._carve()
-            self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context)
+            self._stream = self._new_stream()
+            self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context, self._stream)
         except BaseException:
             self.close()
             raise
@@ -163,6 +167,14 @@ class DFlashTargetEngine:
                                                                               ("pre", "k", "v", "g", "beta")))
         return bufs
 
+    def _new_stream(self) -> Optional[int]:
+        """The engine's stream (None, the legacy stream, where the library has no lb_stream_create)."""
+        if not hasattr(self.lib.fn, "lb_stream_create"):
+            return None
+        ptr = ctypes.c_void_p()
+        self.lib.call("lb_stream_create", ctypes.byref(ptr))
+        return ptr.value
+
     def _check_scratch_sizes(self, blist) -> None:
         """The plan's copies of the ops' scratch formulas must cover what the library asks for."""
         fn = getattr(self.lib, "fn", None)
@@ -201,8 +213,11 @@ class DFlashTargetEngine:
 
     def close(self) -> None:
         for a in getattr(self, "_arenas", []):
-            a.free()
+            a.free()  # cudaFree waits for the queued kernels that use the memory
         self._arenas = []
+        if getattr(self, "_stream", None):
+            self.lib.call("lb_stream_destroy", self._stream)
+            self._stream = None
         self._closed = True
 
     def poison(self) -> None:

@@ -9,10 +9,18 @@ engines/cpu.py computes it:
     x += down(SiLU(gate h) * up h)
 
 Projections read quantized weights (lb_gemv_q for one row, lb_gemm_q_smalln for 2..64 rows; outputs
-[t, rows] token-major); the output projections of the mixer and the MLP accumulate straight into x
-(accumulate = 1), which is the residual add. Buffers are carved once by engines/dflash.py from
-memory_plan.target_buffers; region offsets inside the projection buffer are fixed multiples of
-CHUNK rows, so they do not depend on t.
+[t, rows] token-major) and every one of them accumulates (accumulate = 1): the output projections of
+the mixer and the MLP add straight into x, which is the residual add, and the projections that write a
+fresh output (the mixer's and the MLP's inputs, the LM head) add onto zeros that the RMSNorm before
+them cleared in its own launch (lb_df_rmsnorm's zero ranges), so no cudaMemsetAsync and its launch
+gap sits between the norm and the matmuls. For that the outputs of one group sit back to back: the
+regions of the projection buffer are packed for the pass's t rows (`_regions`, each start 256-byte
+aligned), so one range covers them; a verify's DeltaNet qkv goes to the layer's kept inputs (t_pre),
+the second range. Buffers are carved once by engines/dflash.py from memory_plan.target_buffers (proj
+holds CHUNK rows of the widest group, which bounds the packed regions for every t <= CHUNK).
+
+Every call takes the engine's stream (`stream`, from lb_stream_create; None: the legacy stream), so
+that kernels launched with programmatic dependent launch overlap their boundaries (lb_pdl.cuh).
 
 Host overhead: a decode step of the 27B is ~770 C calls. The methods below are the reference issue
 order; they run once per (mode, t) in a recording pass with the position-dependent values (n_past, a
@@ -29,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE, CHUNK
+from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE
 from lucebox_cli.models.qwen35 import Qwen35Config
 
 F32 = 4
@@ -70,7 +78,7 @@ class Buffers:
 
     x: int  # residual stream [CHUNK, hidden]
     h: int  # normed input [CHUNK, hidden]
-    proj: int  # projections, regions of CHUNK rows each
+    proj: int  # projections: a group's outputs packed for t rows (_regions), room for CHUNK rows
     act: int  # mixer / MLP output before its out-projection [CHUNK, width]
     qf: int  # attention queries after norm + RoPE [CHUNK, nh, 256]
     gdn_scratch: int
@@ -114,6 +122,17 @@ class Sym:
 
     def __repr__(self) -> str:
         return f"Sym({self.key!r}{f' + {self.add}' if self.add else ''})"
+
+
+def _regions(base: int, t: int, widths: tuple[int, ...]) -> tuple[list[int], int]:
+    """Start addresses of regions of t rows of each width (floats) packed from base, each start 256-byte
+    aligned, and the bytes from base to the end of the last one (the range one zeroing clears)."""
+    starts, at = [], 0
+    for w in widths:
+        at = (at + 255) // 256 * 256
+        starts.append(base + at)
+        at += t * w * F32
+    return starts, at
 
 
 # one prebuilt call: (function, arguments, C name, ((slot, Sym, converter), ...) or None)
@@ -168,8 +187,9 @@ class Layers:
     """Issues one pass's calls. `lib` is an _lib.Lib (or the CPU emulation in the unit tests)."""
 
     def __init__(self, lib: Any, cfg: Qwen35Config, mats: dict[str, Mat], vecs: dict[str, int], bufs: Buffers,
-                 max_ctx: int):
+                 max_ctx: int, stream: Optional[int] = None):
         self.lib, self.cfg, self.m, self.v, self.b, self.max_ctx = lib, cfg, mats, vecs, bufs, max_ctx
+        self.stream = stream  # every call's last argument
         self.use_programs = True
         self._programs: dict[tuple, Program] = {}
         self._rec: Optional[list[tuple[str, tuple]]] = None  # the call list being recorded, if any
@@ -209,15 +229,44 @@ class Layers:
 
     # -- primitives --
 
-    def matmul(self, name: str, x: int, y: int, t: int, accumulate: int = 0) -> None:
+    def matmul(self, name: str, x: int, y: int, t: int) -> None:
+        """y[t, rows] += W x: y is the residual stream or a region the norm before it cleared."""
         w = self.m[name]
         if t == 1:
-            self._call("lb_gemv_q", w.qtype, w.ptr, w.rows, w.k, x, y, accumulate, None)
+            self._call("lb_gemv_q", w.qtype, w.ptr, w.rows, w.k, x, y, 1, self.stream)
         else:
-            self._call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x, t, y, accumulate, None)
+            self._call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x, t, y, 1, self.stream)
 
-    def rmsnorm(self, x: int, weight: str, y: int, t: int) -> None:
-        self._call("lb_df_rmsnorm", x, self.v[weight], y, t, self.cfg.hidden, self.cfg.eps, None)
+    def rmsnorm(self, x: int, weight: str, y: int, t: int, zero: tuple[tuple[int, int], ...] = ()) -> None:
+        """y = RMSNorm1p(x) over t rows; the (pointer, bytes) ranges in `zero` (at most two) cleared in the
+        same launch: the outputs of the projections that follow."""
+        z = [a for ptr, nbytes in zero for a in (ptr, nbytes)] + [None, 0] * (2 - len(zero))
+        self._call("lb_df_rmsnorm", x, self.v[weight], y, t, self.cfg.hidden, self.cfg.eps, *z, self.stream)
+
+    # -- where each group's projections land (and what its norm clears) --
+
+    def mlp_regions(self, t: int) -> tuple[list[int], tuple[tuple[int, int], ...]]:
+        (gate, up), end = _regions(self.b.proj, t, (self.cfg.ffn, self.cfg.ffn))
+        return [gate, up], ((self.b.proj, end),)
+
+    def deltanet_regions(self, i: int, p: Pass) -> tuple[list[int], tuple[tuple[int, int], ...]]:
+        """[qkv, z, a, beta_in]: a verify projects qkv straight into the layer's kept inputs (commit replays
+        them), the rest packed in proj; otherwise all four packed in proj."""
+        cfg, b = self.cfg, self.b
+        c, vd = cfg.conv_channels, cfg.hv * cfg.dv
+        if p.mode == "tree":
+            t_pre = b.gdn[i].t_pre
+            rest, end = _regions(b.proj, p.t, (vd, cfg.hv, cfg.hv))
+            return [t_pre, *rest], ((t_pre, p.t * c * F32), (b.proj, end))
+        regs, end = _regions(b.proj, p.t, (c, vd, cfg.hv, cfg.hv))
+        return regs, ((b.proj, end),)
+
+    def attention_regions(self, t: int) -> tuple[list[int], tuple[tuple[int, int], ...]]:
+        """[qg, k, v]: qg [t, nh * 512] holds per head [q | gate]."""
+        cfg = self.cfg
+        regs, end = _regions(self.b.proj, t, (2 * cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim,
+                                              cfg.n_kv_heads * cfg.head_dim))
+        return regs, ((self.b.proj, end),)
 
     # -- the pass --
 
@@ -239,32 +288,31 @@ class Layers:
             if new_layer is not None and i > 0:
                 new_layer()
             pre = f"blk.{i}."
-            self.rmsnorm(b.x, pre + "attn_norm.weight", b.h, p.t)
+            regs, zero = self.attention_regions(p.t) if cfg.is_attention(i) else self.deltanet_regions(i, p)
+            self.rmsnorm(b.x, pre + "attn_norm.weight", b.h, p.t, zero)
             if cfg.is_attention(i):
-                self.attention(i, p)
+                self.attention(i, p, regs)
             else:
-                self.deltanet(i, p)
-            self.rmsnorm(b.x, pre + "post_attention_norm.weight", b.h, p.t)
-            self.mlp(i, p.t)
+                self.deltanet(i, p, regs)
+            regs, zero = self.mlp_regions(p.t)
+            self.rmsnorm(b.x, pre + "post_attention_norm.weight", b.h, p.t, zero)
+            self.mlp(i, p.t, regs)
             if i in taps and on_tap is not None:
                 on_tap(i)
 
-    def mlp(self, i: int, t: int) -> None:
+    def mlp(self, i: int, t: int, regs: list[int]) -> None:
+        """regs = mlp_regions(t)[0], cleared by the norm before."""
         b, pre, ffn = self.b, f"blk.{i}.", self.cfg.ffn
-        gate, up = b.proj, b.proj + CHUNK * ffn * F32
+        gate, up = regs
         self.matmul(pre + "ffn_gate.weight", b.h, gate, t)
         self.matmul(pre + "ffn_up.weight", b.h, up, t)
-        self._call("lb_df_swiglu", gate, up, b.act, t * ffn, None)
-        self.matmul(pre + "ffn_down.weight", b.act, b.x, t, accumulate=1)
+        self._call("lb_df_swiglu", gate, up, b.act, t * ffn, self.stream)
+        self.matmul(pre + "ffn_down.weight", b.act, b.x, t)
 
-    def deltanet(self, i: int, p: Pass) -> None:
+    def deltanet(self, i: int, p: Pass, regs: list[int]) -> None:
+        """regs = deltanet_regions(i, p)[0], cleared by the norm before."""
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.gdn[i]
-        c, vd = cfg.conv_channels, cfg.hv * cfg.dv
-        # a verify projects qkv straight into the layer's kept inputs: commit replays them
-        qkv = L.t_pre if p.mode == "tree" else b.proj
-        z = b.proj + CHUNK * c * F32
-        a = z + CHUNK * vd * F32
-        beta_in = a + CHUNK * cfg.hv * F32
+        qkv, z, a, beta_in = regs
         self.matmul(pre + "attn_qkv.weight", b.h, qkv, p.t)
         self.matmul(pre + "attn_gate.weight", b.h, z, p.t)
         self.matmul(pre + "ssm_alpha.weight", b.h, a, p.t)
@@ -273,19 +321,18 @@ class Layers:
         if p.mode == "tree":
             self._call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,
                           L.t_v, L.t_g, L.t_beta, b.tree_o, b.saves, p.max_saves, b.act, p.t, cfg.hk, cfg.hv,
-                          cfg.eps, None)
+                          cfg.eps, self.stream)
         else:
             fn = "lb_gdn_decode_step" if p.mode == "step" else "lb_gdn_prefill"
             self._call(fn, qkv, a, beta_in, z, *w, L.conv, L.state, b.act, b.gdn_scratch, p.t, cfg.hk, cfg.hv,
-                          cfg.eps, None)
-        self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t, accumulate=1)
+                          cfg.eps, self.stream)
+        self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
 
-    def attention(self, i: int, p: Pass) -> None:
+    def attention(self, i: int, p: Pass, regs: list[int]) -> None:
+        """regs = attention_regions(t)[0], cleared by the norm before."""
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.attn[i]
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        qg = b.proj  # [t, nh * 512]: per head [q | gate]
-        k = b.proj + CHUNK * 2 * nh * hd * F32
-        v = k + CHUNK * nkv * hd * F32
+        qg, k, v = regs  # qg [t, nh * 512]: per head [q | gate]
         self.matmul(pre + "attn_q.weight", b.h, qg, p.t)
         self.matmul(pre + "attn_k.weight", b.h, k, p.t)
         self.matmul(pre + "attn_v.weight", b.h, v, p.t)
@@ -293,16 +340,16 @@ class Layers:
         positions = b.positions if p.mode == "tree" else None
         self._call("lb_attn_prep", qg, 2 * nh * hd, k, v, nkv * hd, self.v[pre + "attn_q_norm.weight"],
                       self.v[pre + "attn_k_norm.weight"], positions, p.pos0, b.qf, L.kc, L.vc, KV_F16, p.t, nh, nkv,
-                      self.max_ctx, cfg.rope_dims, cfg.eps, cfg.rope_theta, None)
+                      self.max_ctx, cfg.rope_dims, cfg.eps, cfg.rope_theta, self.stream)
         common = (b.qf, L.kc, L.vc, KV_F16, qg + hd * F32, 2 * nh * hd, 2 * hd, b.act, b.partials)
         if p.mode == "step":
-            self._call("lb_attn_decode", *common, ATTN_SPLITS_ONE, p.pos0 + 1, nh, nkv, self.max_ctx, None)
+            self._call("lb_attn_decode", *common, ATTN_SPLITS_ONE, p.pos0 + 1, nh, nkv, self.max_ctx, self.stream)
         elif p.mode == "prefill":
-            self._call("lb_attn_causal", *common, ATTN_SPLITS_MANY, p.t, p.pos0, nh, nkv, self.max_ctx, None)
+            self._call("lb_attn_causal", *common, ATTN_SPLITS_MANY, p.t, p.pos0, nh, nkv, self.max_ctx, self.stream)
         else:
             self._call("lb_attn_tree", *common, ATTN_SPLITS_MANY, b.masks, p.t, p.pos0, nh, nkv, self.max_ctx,
-                          None)
-        self.matmul(pre + "attn_output.weight", b.act, b.x, p.t, accumulate=1)
+                          self.stream)
+        self.matmul(pre + "attn_output.weight", b.act, b.x, p.t)
 
     def head(self, row0: int, n: int) -> None:
         """logits[0..n) = LM head of RMSNorm1p(x[row0 .. row0 + n))."""
@@ -311,8 +358,8 @@ class Layers:
     def issue_head(self, row0: int, n: int) -> None:
         b = self.b
         head = "token_embd.weight" if self.cfg.tied else "output.weight"
-        self._call("lb_df_rmsnorm", b.x + row0 * self.cfg.hidden * F32, self.v["output_norm.weight"], b.h, n,
-                   self.cfg.hidden, self.cfg.eps, None)
+        self.rmsnorm(b.x + row0 * self.cfg.hidden * F32, "output_norm.weight", b.h, n,
+                     ((b.logits, n * self.cfg.vocab * F32),))
         self.matmul(head, b.h, b.logits, n)
 
     def topk(self, n: int, k: int) -> None:
@@ -321,7 +368,7 @@ class Layers:
 
     def issue_topk(self, n: int, k: int) -> None:
         b, v = self.b, self.cfg.vocab
-        self._call("lb_df_topk", b.logits, n, v, v, k, b.topk_scratch, b.topk_ids, None, None)
+        self._call("lb_df_topk", b.logits, n, v, v, k, b.topk_scratch, b.topk_ids, None, self.stream)
 
     def commit(self, n: int, n_past: int) -> None:
         """Fold the accepted path (already in b.path, n slots) into states, conv windows and KV rows."""
@@ -331,8 +378,8 @@ class Layers:
         cfg, b = self.cfg, self.b
         for L in b.gdn.values():
             self._call("lb_gdn_commit", L.t_k, L.t_v, L.t_g, L.t_beta, L.t_pre, cfg.conv_channels, L.state, L.conv,
-                       b.path, n, cfg.hk, cfg.hv, None)
+                       b.path, n, cfg.hk, cfg.hv, self.stream)
         for L in b.attn.values():
             for cache in (L.kc, L.vc):
                 self._call("lb_df_kv_compact", cache, b.path, n, n_past, cfg.n_kv_heads, self.max_ctx,
-                           cfg.head_dim, None)
+                           cfg.head_dim, self.stream)

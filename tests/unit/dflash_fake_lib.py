@@ -93,6 +93,14 @@ class FakeLib:
     def lb_dev_sync(self):
         pass
 
+    # every op runs at once here, so a stream is only a handle to hand out and take back
+    def lb_stream_create(self, out):
+        self._streams = getattr(self, "_streams", 0) + 1
+        out._obj.value = 0x5700 + self._streams
+
+    def lb_stream_destroy(self, stream):
+        assert stream, "destroying a stream that was never created"
+
     # -- matrices --
     def _w(self, qtype, ptr, rows, k) -> np.ndarray:
         key = (int(ptr), qtype, rows, k)
@@ -119,9 +127,13 @@ class FakeLib:
         self.lb_gemm_q_smalln(qtype, w, rows, k, x, 1, y, acc, stream)
 
     # -- small kernels --
-    def lb_df_rmsnorm(self, x, w, y, t, n, eps, stream):
+    def lb_df_rmsnorm(self, x, w, y, t, n, eps, z0, z0_bytes, z1, z1_bytes, stream):
         xs = view(x, np.float32, t * n).reshape(t, n).copy()
         view(y, np.float32, t * n)[:] = _rms_norm(xs, view(w, np.float32, n), eps).reshape(-1)
+        for ptr, nbytes in ((z0, z0_bytes), (z1, z1_bytes)):  # the C API's checks, then the clear
+            assert (ptr is None) == (int(nbytes) == 0) and (ptr is None or (int(ptr) % 16 == 0 and nbytes % 4 == 0))
+            if ptr is not None:
+                ctypes.memset(int(ptr), 0, int(nbytes))
 
     def lb_df_swiglu(self, g, u, y, count, stream):
         view(y, np.float32, count)[:] = _silu(view(g, np.float32, count)) * view(u, np.float32, count)
