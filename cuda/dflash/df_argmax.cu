@@ -8,13 +8,15 @@
 //
 // Two launches: grid (column blocks, rows) keeps each thread's best KM entries in registers (the row is
 // read once, coalesced) and reduces the block to k candidates in scratch; then one block per row merges
-// the candidates of all column blocks.
+// the candidates of all column blocks. Both launch with programmatic dependent launch (lb_pdl.cuh): every
+// input is an activation, so each waits for its predecessor first thing.
 #include <stdint.h>
 
 #include <climits>
 
 #include "lb_arch.cuh"
 #include "lb_check.cuh"
+#include "lb_pdl.cuh"
 
 namespace {
 
@@ -117,6 +119,8 @@ __device__ __forceinline__ void clear(float (&tv)[KM], int (&ti)[KM]) {
 template <int KM>
 __global__ void __launch_bounds__(TOPK_THREADS) topk_partial_kernel(const float* __restrict__ x, int ld, int cols,
                                                                     int span, int k, Cand* __restrict__ part) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
     float tv[KM];
     int ti[KM];
     clear(tv, ti);
@@ -130,6 +134,8 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_partial_kernel(const float*
 template <int KM>
 __global__ void __launch_bounds__(TOPK_THREADS) topk_final_kernel(const Cand* __restrict__ part, int n_cand, int k,
                                                                   int32_t* __restrict__ ids, float* __restrict__ vals) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
     __shared__ Cand best[TOPK_MAX_K];
     float tv[KM];
     int ti[KM];
@@ -170,17 +176,16 @@ extern "C" LB_API int lb_df_topk(const void* x, int rows, int cols, int ld, int 
     auto s = static_cast<cudaStream_t>(stream);
     auto* part = static_cast<Cand*>(scratch);
     const float* xf = static_cast<const float*>(x);
+    auto* ids32 = static_cast<int32_t*>(ids);
+    auto* vf = static_cast<float*>(vals);
+    const dim3 g1(n_cb, rows), g2(rows), th(TOPK_THREADS);
     if (k == 1) {
-        topk_partial_kernel<1><<<dim3(n_cb, rows), TOPK_THREADS, 0, s>>>(xf, ld, cols, span, k, part);
-        LB_LAUNCH_TRY();
-        topk_final_kernel<1><<<rows, TOPK_THREADS, 0, s>>>(part, n_cb * k, k, static_cast<int32_t*>(ids),
-                                                           static_cast<float*>(vals));
+        LB_CUDA_TRY(lb::launch_pdl(topk_partial_kernel<1>, g1, th, 0, s, xf, ld, cols, span, k, part));
+        LB_CUDA_TRY(lb::launch_pdl(topk_final_kernel<1>, g2, th, 0, s, (const Cand*)part, n_cb * k, k, ids32, vf));
     } else {
-        topk_partial_kernel<TOPK_MAX_K><<<dim3(n_cb, rows), TOPK_THREADS, 0, s>>>(xf, ld, cols, span, k, part);
-        LB_LAUNCH_TRY();
-        topk_final_kernel<TOPK_MAX_K><<<rows, TOPK_THREADS, 0, s>>>(part, n_cb * k, k, static_cast<int32_t*>(ids),
-                                                                    static_cast<float*>(vals));
+        LB_CUDA_TRY(lb::launch_pdl(topk_partial_kernel<TOPK_MAX_K>, g1, th, 0, s, xf, ld, cols, span, k, part));
+        LB_CUDA_TRY(lb::launch_pdl(topk_final_kernel<TOPK_MAX_K>, g2, th, 0, s, (const Cand*)part, n_cb * k, k, ids32,
+                                   vf));
     }
-    LB_LAUNCH_TRY();
     return LB_OK;
 }

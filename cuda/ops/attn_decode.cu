@@ -10,11 +10,16 @@
 // visibility rule): decode is bound by the KV bytes, not the math. R = 8 for one query (group <= 8 rows,
 // little idle math), R = 32 otherwise. Grid (query tiles, kv heads, splits) with the query tile
 // fastest, so the blocks that share a K/V range run together and the re-reads hit L2.
+//
+// All three kernels launch with programmatic dependent launch (lb_pdl.cuh). Nothing they read is
+// constant (queries, gates, the cache rows lb_attn_prep just wrote, the tree masks, the partials), so
+// each waits first thing; the overlap is the launch and block set-up under the predecessor's tail.
 #include <algorithm>
 
 #include "attn.cuh"
 #include "attn_ops.h"
 #include "lb_check.cuh"
+#include "lb_pdl.cuh"
 #include "lucebox.h"
 
 namespace attn {
@@ -48,6 +53,8 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P) {
     float* lrow = mrow + R;
     float* arow = lrow + R;
     int* rlim = reinterpret_cast<int*>(arow + R);  // causal: last visible key; -1: inactive row
+    lb::pdl_trigger();
+    lb::pdl_wait();
     const int G = P.group, QT = R / G;
     const int t0 = blockIdx.x * QT, g = blockIdx.y, split = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -214,6 +221,8 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P) {
 // The loops are unrolled so a thread has 8 splits' loads in flight at once: a decode step merges 64
 // splits, and a loop that waits on each L2 load in turn cost more than the attention itself.
 __global__ void __launch_bounds__(HD) combine_kernel(const Params P) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
     const int th = blockIdx.x, t = th / P.nh, h = th % P.nh, d = threadIdx.x;
     const size_t stride = (size_t)P.Tq * P.nh;
     const float2* ml = reinterpret_cast<const float2*>(P.part_ml);
@@ -326,6 +335,8 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P) {
     uint16_t* Ks = Ql + MR * LD;   // [BK][LD]
     uint16_t* Vs = Ks + BK * LD;   // [BK][LD]
     float* Sx = reinterpret_cast<float*>(Vs + BK * LD);  // [WARPS][16][32] partial scores, lane-private
+    lb::pdl_trigger();
+    lb::pdl_wait();
     const int G = P.group, QT = MR / G;
     const int t0 = blockIdx.x * QT, gk = blockIdx.y, split_i = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, qd = lane & 3;
@@ -533,8 +544,7 @@ cudaError_t launch(const Params& P, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     const int qt = MR / P.group;
     const dim3 grid((unsigned)((P.Tq + qt - 1) / qt), (unsigned)P.nkv, (unsigned)P.n_splits);
-    tree_kernel<KVT><<<grid, THREADS, smem, s>>>(P);
-    return cudaGetLastError();
+    return lb::launch_pdl(tree_kernel<KVT>, grid, dim3(THREADS), smem, s, P);
 }
 
 }  // namespace tc
@@ -546,8 +556,7 @@ cudaError_t launch(const Params& P, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     const int qt = R / P.group;
     const dim3 grid((unsigned)((P.Tq + qt - 1) / qt), (unsigned)P.nkv, (unsigned)P.n_splits);
-    attn_kernel<R, KVT><<<grid, THREADS, smem, s>>>(P);
-    return cudaGetLastError();
+    return lb::launch_pdl(attn_kernel<R, KVT>, grid, dim3(THREADS), smem, s, P);
 }
 
 }  // namespace
@@ -589,8 +598,7 @@ int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s) 
     else
         e = kv_dtype == KV_BF16 ? launch<32, KV_BF16>(P, s) : launch<32, KV_F16>(P, s);
     if (e != cudaSuccess || P.n_splits == 1) return (int)e;
-    combine_kernel<<<P.Tq * P.nh, HD, 0, s>>>(P);
-    return (int)cudaGetLastError();
+    return (int)lb::launch_pdl(combine_kernel, dim3(P.Tq * P.nh), dim3(HD), 0, s, P);
 }
 
 }  // namespace attn

@@ -4,8 +4,12 @@
 // their rows. Angles are computed in double and rounded once, as the CPU's cos/sin table is: at a
 // position of 4096 an fp32 angle would already be off by ~2e-4 rad. One block per token, one warp
 // per head for the norms (the whole token's heads sit in shared memory).
+// Launched with programmatic dependent launch (lb_pdl.cuh): without a positions array (decode, prefill)
+// the RoPE table depends only on the arguments and is computed before pdl_wait(), while the previous
+// kernel drains; everything else (q, k, v, positions, the cache rows) after it.
 #include "attn_ops.h"
 #include "lb_check.cuh"
+#include "lb_pdl.cuh"
 #include "lucebox.h"
 
 namespace attn {
@@ -21,17 +25,22 @@ __global__ void __launch_bounds__(256) prep_kernel(const float* __restrict__ qg,
                                                    int rope_dims, float eps, float theta) {
     extern __shared__ float buf[];  // [nh + nkv][HD] normed heads, then cos [half], sin [half]
     const int t = blockIdx.x, row = pos0 + t, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int pos = positions ? positions[t] : row;
     const int nu = nh + nkv, half = rope_dims / 2;
     float* cs = buf + nu * HD;
     float* sn = cs + half;
-    if (tid < half) {
-        const double inv_freq = pow((double)theta, -2.0 * tid / rope_dims);
-        double s, c;
-        sincos((double)pos * inv_freq, &s, &c);
-        cs[tid] = (float)c;
-        sn[tid] = (float)s;
-    }
+    auto rope_table = [&](int pos) {
+        if (tid < half) {
+            const double inv_freq = pow((double)theta, -2.0 * tid / rope_dims);
+            double s, c;
+            sincos((double)pos * inv_freq, &s, &c);
+            cs[tid] = (float)c;
+            sn[tid] = (float)s;
+        }
+    };
+    lb::pdl_trigger();
+    if (!positions) rope_table(row);
+    lb::pdl_wait();
+    if (positions) rope_table(positions[t]);
     for (int u = warp; u < nu; u += 8) {
         const float* src = u < nh ? qg + (size_t)t * ld_q + u * 2 * HD : k + (size_t)t * ld_kv + (u - nh) * HD;
         const float* w = u < nh ? q_norm : k_norm;
@@ -77,9 +86,8 @@ int prep(const float* qg, int ld_q, const float* k, const float* v, int ld_kv, c
     auto kern = kv_dtype == KV_BF16 ? prep_kernel<KV_BF16> : prep_kernel<KV_F16>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return (int)e;
-    kern<<<T, 256, smem, s>>>(qg, ld_q, k, v, ld_kv, q_norm, k_norm, positions, pos0, qf, kc, vc, nh, nkv, max_ctx,
-                              rope_dims, eps, theta);
-    return (int)cudaGetLastError();
+    return (int)lb::launch_pdl(kern, dim3(T), dim3(256), smem, s, qg, ld_q, k, v, ld_kv, q_norm, k_norm, positions, pos0,
+                               qf, kc, vc, nh, nkv, max_ctx, rope_dims, eps, theta);
 }
 
 }  // namespace attn

@@ -5,9 +5,13 @@
 // inputs (q, k [T, Hk, 128] expanded to the tiled Hv heads, v [T, Hv, 128], g / beta [T, Hv]) and
 // transposes the state [Hv, dk, dv] in and out. The relayout moves ~3·T·Hv·512 B, small next to the
 // prefill's GEMMs; a native Hk-aware kernel would save it (noted in docs/perf.md).
+// The relayout and transpose kernels launch with programmatic dependent launch (lb_pdl.cuh; every input
+// is an activation or the state, so each waits first); pf::dn_chunked's own kernels launch the classic
+// way, which keeps full stream order around them.
 #include "gdn.cuh"
 #include "gdn_ops.h"
 #include "lb_check.cuh"
+#include "lb_pdl.cuh"
 #include "lucebox.h"
 #include "pf_ops.h"
 
@@ -48,6 +52,8 @@ Parts carve(void* base, int T, int hv, size_t* total) {
 __global__ void relayout_kernel(const float* __restrict__ q, const float* __restrict__ k,
                                 const float* __restrict__ v, const float* __restrict__ g,
                                 const float* __restrict__ beta, Parts P, int T, int hk, int hv) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
     const size_t n = (size_t)hv * T * D;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const int d = (int)(i % D);
@@ -65,6 +71,8 @@ __global__ void relayout_kernel(const float* __restrict__ q, const float* __rest
 
 // dst[h][j][i] = src[h][i][j] for each head's 128 x 128 block (the transpose is its own inverse).
 __global__ void transpose_kernel(const float* __restrict__ src, float* __restrict__ dst) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
     __shared__ float tile[32][33];
     const size_t head = (size_t)blockIdx.z * D * D;
     const int bx = blockIdx.x * 32, by = blockIdx.y * 32, tx = threadIdx.x, ty = threadIdx.y;
@@ -86,13 +94,15 @@ int chunked(const float* q, const float* k, const float* v, const float* g, cons
     const Parts P = carve(scratch, T, hv, nullptr);
     cudaError_t e = (cudaError_t)pf::dn_prepare();
     if (e != cudaSuccess) return (int)e;
-    relayout_kernel<<<1024, 256, 0, s>>>(q, k, v, g, beta, P, T, hk, hv);
-    transpose_kernel<<<dim3(D / 32, D / 32, hv), dim3(32, 8), 0, s>>>(state, P.st);
-    if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
+    if ((e = lb::launch_pdl(relayout_kernel, dim3(1024), dim3(256), 0, s, q, k, v, g, beta, P, T, hk, hv)) !=
+        cudaSuccess)
+        return (int)e;
+    const dim3 tgrid(D / 32, D / 32, hv), tblock(32, 8);
+    if ((e = lb::launch_pdl(transpose_kernel, tgrid, tblock, 0, s, (const float*)state, P.st)) != cudaSuccess)
+        return (int)e;
     e = (cudaError_t)pf::dn_chunked(P.qh, P.kh, P.vh, P.gh, P.bh, P.st, o, P.dn, T, hv, s);
     if (e != cudaSuccess) return (int)e;
-    transpose_kernel<<<dim3(D / 32, D / 32, hv), dim3(32, 8), 0, s>>>(P.st, state);
-    return (int)cudaGetLastError();
+    return (int)lb::launch_pdl(transpose_kernel, tgrid, tblock, 0, s, (const float*)P.st, state);
 }
 
 }  // namespace gdn

@@ -8,9 +8,13 @@
 // One block = one 128-channel head group (a q, k or v head) x up to 64 tokens, one thread per channel:
 // the thread owns its channel for every token of the block, so it can advance that channel's conv
 // state in place after reading it (single-tile launches) without racing any other thread.
+// Every kernel launches with programmatic dependent launch (lb_pdl.cuh): weights (conv_w, the output
+// norm) are loaded before pdl_wait(), everything a kernel may have written (pre, a, b, parents, the conv
+// state, o, z) after it.
 #include "gdn.cuh"
 #include "gdn_ops.h"
 #include "lb_check.cuh"
+#include "lb_pdl.cuh"
 #include "lucebox.h"
 
 namespace gdn {
@@ -37,6 +41,9 @@ __global__ void __launch_bounds__(D) conv_prep_kernel(const float* __restrict__ 
     const int kind = gi < hk ? 0 : (gi < 2 * hk ? 1 : 2);  // q, k, v head group
     const int head = kind == 0 ? gi : (kind == 1 ? gi - hk : gi - 2 * hk);
     const int c = gi * D + tid;  // groups are contiguous: [q heads | k heads | v heads]
+    lb::pdl_trigger();
+    const float4 w = *reinterpret_cast<const float4*>(conv_w + (size_t)c * KCONV);  // a weight: no wait
+    lb::pdl_wait();
 
     if (tid < nt) {
         // Walk the ancestry: window[3] is the token itself, older entries its ancestors; past the
@@ -53,7 +60,6 @@ __global__ void __launch_bounds__(D) conv_prep_kernel(const float* __restrict__ 
         }
     }
     __syncthreads();
-    const float4 w = *reinterpret_cast<const float4*>(conv_w + (size_t)c * KCONV);
     // Tokens in batches of TB: a batch's 4·TB window loads are issued together (a tree verify's 23
     // tokens were 23 dependent L2 round trips per block, ~10 µs per layer, when loaded one at a time).
     for (int tb = 0; tb < nt; tb += TB) {
@@ -112,6 +118,8 @@ __global__ void __launch_bounds__(D) conv_prep_kernel(const float* __restrict__ 
 
 // Multi-tile launches (prefill) advance the conv state afterwards, in stream order.
 __global__ void conv_advance_kernel(const float* __restrict__ pre, int ld_pre, float* conv_state, int T, int C) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float nx[KCONV - 1];
@@ -127,6 +135,8 @@ __global__ void conv_advance_kernel(const float* __restrict__ pre, int ld_pre, f
 // One thread per channel reads its 3 new values before writing any (rows h < 3 are old state rows).
 __global__ void conv_commit_kernel(const float* __restrict__ pre, int ld_pre, float* conv_state,
                                    const int32_t* __restrict__ path, int n, int C) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float nx[KCONV - 1];
@@ -143,13 +153,15 @@ __global__ void conv_commit_kernel(const float* __restrict__ pre, int ld_pre, fl
 __global__ void out_norm_kernel(const float* __restrict__ o, const float* __restrict__ z, int ld_z,
                                 const float* __restrict__ w, float* __restrict__ y, int T, int hv, float eps) {
     const int gw = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    lb::pdl_trigger();
+    const float4 ww = *reinterpret_cast<const float4*>(w + lane * 4);  // a weight: no wait
+    lb::pdl_wait();
     if (gw >= T * hv) return;
     const int t = gw / hv, h = gw % hv;
     const float4 x = *reinterpret_cast<const float4*>(o + (size_t)gw * D + lane * 4);
     const float ss = lb::warp_sum(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w);
     const float r = rsqrtf(ss / D + eps);
     const float* zr = z + (size_t)t * ld_z + h * D + lane * 4;
-    const float4 ww = *reinterpret_cast<const float4*>(w + lane * 4);
     float4 out;
     out.x = x.x * r * ww.x * siluf_(zr[0]);
     out.y = x.y * r * ww.y * siluf_(zr[1]);
@@ -165,24 +177,24 @@ int conv_prep(const float* pre, int ld_pre, const float* a, const float* b, cons
               float* beta, int T, int hk, int hv, bool update_conv, cudaStream_t s) {
     const int tiles = (T + TT - 1) / TT;
     const bool in_place = update_conv && tiles == 1 && !parents;
-    conv_prep_kernel<<<dim3(2 * hk + hv, tiles), D, 0, s>>>(pre, ld_pre, a, b, conv_w, ssm_a, dt_bias, conv_state,
-                                                            parents, q, k, v, g, beta, T, hk, hv, in_place ? 1 : 0);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = lb::launch_pdl(conv_prep_kernel, dim3(2 * hk + hv, tiles), dim3(D), 0, s, pre, ld_pre, a, b,
+                                   conv_w, ssm_a, dt_bias, conv_state, parents, q, k, v, g, beta, T, hk, hv,
+                                   in_place ? 1 : 0);
     if (e != cudaSuccess || !update_conv || in_place || parents) return (int)e;
     const int C = (2 * hk + hv) * D;
-    conv_advance_kernel<<<(C + 255) / 256, 256, 0, s>>>(pre, ld_pre, conv_state, T, C);
-    return (int)cudaGetLastError();
+    return (int)lb::launch_pdl(conv_advance_kernel, dim3((C + 255) / 256), dim3(256), 0, s, pre, ld_pre, conv_state,
+                               T, C);
 }
 
 int conv_commit(const float* pre, int ld_pre, float* conv_state, const int32_t* path, int n, int C, cudaStream_t s) {
-    conv_commit_kernel<<<(C + 255) / 256, 256, 0, s>>>(pre, ld_pre, conv_state, path, n, C);
-    return (int)cudaGetLastError();
+    return (int)lb::launch_pdl(conv_commit_kernel, dim3((C + 255) / 256), dim3(256), 0, s, pre, ld_pre, conv_state,
+                               path, n, C);
 }
 
 int out_norm(const float* o, const float* z, int ld_z, const float* w, float* y, int T, int hv, float eps,
              cudaStream_t s) {
-    out_norm_kernel<<<(T * hv + 7) / 8, 256, 0, s>>>(o, z, ld_z, w, y, T, hv, eps);
-    return (int)cudaGetLastError();
+    return (int)lb::launch_pdl(out_norm_kernel, dim3((T * hv + 7) / 8), dim3(256), 0, s, o, z, ld_z, w, y, T, hv,
+                               eps);
 }
 
 }  // namespace gdn

@@ -21,12 +21,17 @@
 // (identical element mapping), so no barrier is needed; global saves are reused by every layer.
 // The committed state is never written by verify: lb_gdn_commit replays the accepted slots' saved
 // inputs (k, v, g, β) onto it and advances the conv state.
+// Launched with programmatic dependent launch (lb_pdl.cuh). The kernel reads nothing constant (the state
+// itself is written by the previous step's or commit's launch, parents may one day come from a device
+// draft), so it waits first thing: what PDL buys here is the launch and block set-up (384 blocks with up
+// to ~60 KiB of shared memory) under the predecessor's tail.
 #include <algorithm>
 #include <vector>
 
 #include "gdn.cuh"
 #include "gdn_ops.h"
 #include "lb_check.cuh"
+#include "lb_pdl.cuh"
 #include "lucebox.h"
 
 namespace gdn {
@@ -93,6 +98,8 @@ __global__ void __launch_bounds__(DELTA_THREADS) delta_kernel(
         for (int m = 0; m < ROWS_PER_THREAD; ++m)
             sv[((size_t)slot * ROWS_PER_THREAD + m) * DELTA_THREADS + tid] = make_float4(S[m][0], S[m][1], S[m][2], S[m][3]);
     };
+    lb::pdl_trigger();
+    lb::pdl_wait();
     load(state + head_off);  // in flight while the plan and the first burst are fetched
 
     if (parents) {
@@ -295,15 +302,15 @@ int delta(const float* q, const float* k, const float* v, const float* g, const 
     if (hq) {
         e = cudaFuncSetAttribute(delta_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
-        delta_kernel<true><<<grid, DELTA_THREADS, smem, s>>>(q, k, v, g, beta, state, o, parents, rows, saves,
-                                                             max_saves, n, hk, hv, ws, ch, nsm);
+        e = lb::launch_pdl(delta_kernel<true>, grid, dim3(DELTA_THREADS), smem, s, q, k, v, g, beta, state, o,
+                           parents, rows, saves, max_saves, n, hk, hv, ws, ch, nsm);
     } else {
         e = cudaFuncSetAttribute(delta_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
-        delta_kernel<false><<<grid, DELTA_THREADS, smem, s>>>(q, k, v, g, beta, state, o, parents, rows, saves,
-                                                              max_saves, n, hk, hv, ws, ch, nsm);
+        e = lb::launch_pdl(delta_kernel<false>, grid, dim3(DELTA_THREADS), smem, s, q, k, v, g, beta, state, o,
+                           parents, rows, saves, max_saves, n, hk, hv, ws, ch, nsm);
     }
-    return (int)cudaGetLastError();
+    return (int)e;
 }
 
 int tree_plan(const int32_t* parents, int n, int32_t* save_idx) {
