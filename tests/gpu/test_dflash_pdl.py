@@ -1,0 +1,179 @@
+"""Programmatic dependent launch (cuda/common/lb_pdl.cuh) in the 27B target engine's passes, and the zero
+ranges of lb_df_rmsnorm that replaced the projections' memsets.
+
+- The engine (tiny 4-layer Q4_K_M of test_dflash_engine.py, its own stream) gives the same prefill, step and
+  23-slot verify results with lb_set_pdl(1) and lb_set_pdl(0): identical argmax (a flip allowed only at a
+  float-order near-tie: the GEMMs add stream-K partials with atomics), logits within 1e-4 relative RMS.
+- lb_df_rmsnorm clears exactly its zero ranges (tails of 1..3 floats included) and refuses malformed ones.
+
+Script mode, `python tests/gpu/test_dflash_pdl.py --bench`: GPU time per launch of a chain of small
+kernels (lb_df_rmsnorm + lb_df_swiglu at 27B widths) on the legacy default stream and on a stream of
+lb_stream_create, PDL on and off, measured between torch CUDA events with the host queue filled ahead
+(a torch sleep kernel holds the GPU while the chain is enqueued): does PDL act on the legacy stream?
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "unit"), str(Path(__file__).resolve().parent)]
+
+from gpu_lib import lib, pytest  # noqa: E402  (tests/gpu is on sys.path: see above)
+from test_dflash_engine import VOCAB, assert_same_or_near_tie, branched_tree, gguf, rel  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _run_session(on: int) -> dict:
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+    prev = lib().fn.lb_set_pdl(on)
+    eng = DFlashTargetEngine(gguf(4), max_context=512, budget=22, tap_layers=(1,), lib=lib())
+    try:
+        out = {}
+        ids = np.random.default_rng(21).integers(0, VOCAB, 70)  # two prefill passes (64 + 6)
+        eng.poison()
+        out["prefill"] = eng.prefill(ids)
+        tok = int(np.argmax(out["prefill"]))
+        steps = []
+        for _ in range(6):
+            eng.poison()
+            lg = eng.step(tok)
+            steps.append(lg)
+            tok = int(np.argmax(lg))
+        out["steps"] = np.stack(steps)
+        out["step_argmax"] = [eng.step_argmax(tok)]
+        tree = branched_tree(22, 23)
+        eng.poison()
+        res = eng.verify(tree)
+        out["verify"] = res.logits
+        out["verify_argmax"] = eng.verify_argmax(tree).argmax
+        eng.commit(tree.path_to(int(np.argmax(tree.depth))))
+        out["after_commit"] = eng.step(7)
+        out["features"] = eng.features
+        return out
+    finally:
+        eng.close()
+        lib().fn.lb_set_pdl(prev)
+
+
+def test_pdl_on_and_off_agree():
+    on, off = _run_session(1), _run_session(0)
+    for key in ("prefill", "steps", "verify", "after_commit", "features"):
+        r = rel(on[key], off[key])
+        assert r < 1e-4, f"{key}: PDL on vs off rel RMS {r:.3g}"
+    for key in ("prefill", "after_commit"):
+        assert_same_or_near_tie([np.argmax(on[key])], [np.argmax(off[key])], [off[key]], f"{key} argmax")
+    assert_same_or_near_tie(np.argmax(on["steps"], -1), np.argmax(off["steps"], -1), off["steps"], "step argmax")
+    assert_same_or_near_tie(np.argmax(on["verify"], -1), np.argmax(off["verify"], -1), off["verify"],
+                            "verify argmax")
+    assert_same_or_near_tie(on["verify_argmax"], off["verify_argmax"], off["verify"], "verify_argmax")
+
+
+def _dev(nbytes: int) -> ctypes.c_void_p:
+    p = ctypes.c_void_p()
+    lib().call("lb_dev_alloc", nbytes, ctypes.byref(p))
+    return p
+
+
+def test_rmsnorm_zero_ranges():
+    from lucebox_cli.engines._lib import LB_ERR_INVALID_ARG
+
+    t, n, eps = 3, 1000, 1e-6
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((t, n)).astype(np.float32)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    bufs = [_dev(a) for a in (x.nbytes, w.nbytes, x.nbytes, 4096, 1 << 22)]
+    try:
+        lib().call("lb_dev_h2d", bufs[0], x.ctypes.data, x.nbytes)
+        lib().call("lb_dev_h2d", bufs[1], w.ctypes.data, w.nbytes)
+        # (offset, bytes) in the two scratch buffers: tails of 3, 1 and 0 floats, one range absent, and a
+        # 4 MB range that takes 256 zeroing blocks
+        for (o0, n0), (o1, n1) in (((16, 4 * 15), (0, 4 * 17)), ((0, 16 * 40 + 4), (256, (1 << 22) - 512)),
+                                   ((32, 0), (0, 16))):
+            nan = np.full(4096 // 4, np.nan, np.float32), np.full((1 << 22) // 4, np.nan, np.float32)
+            lib().call("lb_dev_h2d", bufs[3], nan[0].ctypes.data, 4096)
+            lib().call("lb_dev_h2d", bufs[4], nan[1].ctypes.data, 1 << 22)
+            z0 = bufs[3].value + o0 if n0 else None
+            lib().call("lb_df_rmsnorm", bufs[0], bufs[1], bufs[2], t, n, eps, z0, n0, bufs[4].value + o1, n1,
+                       None)
+            y = np.empty_like(x)
+            got = np.empty(4096 // 4, np.float32), np.empty((1 << 22) // 4, np.float32)
+            lib().call("lb_dev_d2h", y.ctypes.data, bufs[2], y.nbytes)
+            lib().call("lb_dev_d2h", got[0].ctypes.data, bufs[3], 4096)
+            lib().call("lb_dev_d2h", got[1].ctypes.data, bufs[4], 1 << 22)
+            ref = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + eps) * w
+            assert rel(y, ref) < 1e-6
+            for g, off, nb in ((got[0], o0, n0), (got[1], o1, n1)):
+                inside = np.zeros(g.size, bool)
+                inside[off // 4 : (off + nb) // 4] = True
+                assert (g[inside] == 0).all(), "a float of a zero range was not cleared"
+                assert np.isnan(g[~inside]).all(), "a float outside the zero ranges was written"
+        for bad in ((bufs[3].value + 4, 16), (bufs[3].value, 6), (None, 16)):
+            st = lib().fn.lb_df_rmsnorm(bufs[0], bufs[1], bufs[2], t, n, eps, *bad, None, 0, None)
+            assert st == LB_ERR_INVALID_ARG, f"zero range {bad} accepted"
+    finally:
+        for p in bufs:
+            lib().call("lb_dev_free", p)
+
+
+def test_stream_create_destroy():
+    s = ctypes.c_void_p()
+    lib().call("lb_stream_create", ctypes.byref(s))
+    assert s.value
+    lib().call("lb_stream_destroy", s)
+    lib().call("lb_stream_destroy", None)
+
+
+# ---- script mode --bench: does PDL act on the legacy stream? ---------------------------------------
+
+
+def bench_chain(pairs: int = 300, hidden: int = 5120, ffn: int = 17408) -> list[dict]:
+    import torch
+
+    bufs = [_dev(a) for a in (hidden * 4, hidden * 4, hidden * 4, ffn * 4, ffn * 4, ffn * 4)]
+    for p, nbytes in zip(bufs, (hidden * 4,) * 3 + (ffn * 4,) * 3):
+        lib().call("lb_dev_memset", p, 0, nbytes)
+    own = ctypes.c_void_p()
+    lib().call("lb_stream_create", ctypes.byref(own))
+    rows = []
+    try:
+        for name, stream in (("legacy", None), ("own", own.value)):
+            for on in (0, 1, 0, 1):  # twice each, interleaved
+                prev = lib().fn.lb_set_pdl(on)
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(40_000_000)  # ~20 ms of GPU: the chain below is queued before it runs
+                e0.record()
+                for _ in range(pairs):
+                    lib().fn.lb_df_rmsnorm(bufs[0], bufs[1], bufs[2], 1, hidden, 1e-6, None, 0, None, 0, stream)
+                    lib().fn.lb_df_swiglu(bufs[3], bufs[4], bufs[5], ffn, stream)
+                e1.record()
+                e1.synchronize()
+                lib().fn.lb_set_pdl(prev)
+                rows.append({"stream": name, "pdl": on, "us_per_kernel": round(e0.elapsed_time(e1) * 1e3 / (2 * pairs), 3)})
+    finally:
+        lib().call("lb_stream_destroy", own)
+        for p in bufs:
+            lib().call("lb_dev_free", p)
+    return rows
+
+
+def _main(argv: list[str]) -> int:
+    if "--bench" in argv:
+        for r in bench_chain():
+            print(json.dumps(r))
+        return 0
+    for fn in (test_stream_create_destroy, test_rmsnorm_zero_ranges, test_pdl_on_and_off_agree):
+        fn()
+        print("ok", fn.__name__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
