@@ -1,18 +1,27 @@
 // lb_gemm_q_smalln: Y[N, n] (+)= W · X[K, n] for n = 1..64 columns (tree-verify widths) over a
-// quantized matrix; every weight is read once and applied to all n columns (cuda/common/qmm.cuh).
-// Column tiles of 8 (NT) are instantiated for n ≤ 8, 16, 24, 32, 48, 64; up to n = 32 (Q6_K: 24) two
-// 16-row tiles per warp (MT = 2) let each B fragment (x) load serve 32 rows, which keeps L1 traffic under
-// the weight stream for n up to ~24.
+// quantized matrix; every weight is read once and applied to all n columns.
+// n = 2..32 run the x-staged kernel of cuda/common/qmm_smalln.cuh (x converted to fp16 B fragments once
+// per block and item in shared memory); n = 1 and n > 32 the register kernel of cuda/common/qmm.cuh,
+// whose column tiles of 8 (NT) are instantiated for n ≤ 8, 16, 24, 32, 48, 64. lb_qmm_smalln_select
+// switches between the two (and between the staged kernel's launch shapes) for A/B measurements.
+#include <atomic>
+
 #include "lb_check.cuh"
 #include "qmm.cuh"
+#include "qmm_smalln.cuh"
 
 namespace {
 
 using namespace lb::q;
 
+// 0: the shipped choice; 1: qmm.cuh's register kernel for every n (the path before qmm_smalln.cuh);
+// 2..5: the staged kernel at n = 2..32 in launch shape A..D (see staged_launch).
+std::atomic<int> g_select{0};
+
+// The register kernel (qmm.cuh) for every n.
 template <int QT>
-int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                    cudaStream_t s) {
+int register_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                      cudaStream_t s) {
     if (n == 1) return qmm_launch<QT, 1, 1>(w, n_rows, k, x, n, y, accumulate, s);
     if (n <= 8) return qmm_launch<QT, 1, 2>(w, n_rows, k, x, n, y, accumulate, s);
     if (n <= 16) return qmm_launch<QT, 2, 2>(w, n_rows, k, x, n, y, accumulate, s);
@@ -29,6 +38,36 @@ int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n,
     return qmm_launch<QT, 8, 1>(w, n_rows, k, x, n, y, accumulate, s);
 }
 
+// Launch shapes of the staged kernel (row tiles per warp MT, warps per block W, blocks per SM asked of
+// ptxas): A 2×8 (256-row groups, ≤ 255 registers: one block, 8 warps per SM), B 2×4 (128-row groups,
+// three blocks = 12 warps per SM where the registers allow it without spills, else two), C 1×16
+// (256-row groups, 16 warps in one block), D 1×8 (128-row groups, two blocks of 8 warps).
+template <int QT, int NT>
+constexpr int kMinBlocksB = (QT == Q4_K || QT == Q8_0) && NT <= 3 ? 3 : 2;
+
+template <int QT, int NT>
+int staged_launch(int shape, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                  cudaStream_t s) {
+    switch (shape) {
+        case 1: return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>>(w, n_rows, k, x, n, y, accumulate, s);
+        case 2: return qmm_smalln_launch<QT, NT, 1, 16, 1>(w, n_rows, k, x, n, y, accumulate, s);
+        case 3: return qmm_smalln_launch<QT, NT, 1, 8, 2>(w, n_rows, k, x, n, y, accumulate, s);
+        default: return qmm_smalln_launch<QT, NT, 2, 8, 1>(w, n_rows, k, x, n, y, accumulate, s);
+    }
+}
+
+template <int QT>
+int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                    cudaStream_t s) {
+    const int sel = g_select.load(std::memory_order_relaxed);
+    if (sel == 1 || n == 1 || n > 32) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s);
+    const int shape = sel >= 2 ? sel - 2 : 0;
+    if (n <= 8) return staged_launch<QT, 1>(shape, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 16) return staged_launch<QT, 2>(shape, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 24) return staged_launch<QT, 3>(shape, w, n_rows, k, x, n, y, accumulate, s);
+    return staged_launch<QT, 4>(shape, w, n_rows, k, x, n, y, accumulate, s);
+}
+
 }  // namespace
 
 extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int k, const float* x, int n, float* y,
@@ -42,4 +81,10 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
         default: return smalln_dispatch<Q8_0>(w, n_rows, k, x, n, y, accumulate, s);
     }
+}
+
+extern "C" LB_API int lb_qmm_smalln_select(int which) {
+    if (which < 0 || which > 5) return lb::set_error(LB_ERR_INVALID_ARG, "%s: which = %d, need 0..5", __func__, which);
+    g_select.store(which, std::memory_order_relaxed);
+    return LB_OK;
 }

@@ -129,6 +129,7 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_gemm_q_smalln": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p, c_int,
                                  ctypes.c_void_p]),
     "lb_bench_qmm": (c_int, [c_int, c_int, c_int, c_int, c_int, POINTER(ctypes.c_float)]),
+    "lb_qmm_smalln_select": (c_int, [c_int]),
     # device buffers (cuda/ops/dev_buffers.cu)
     "lb_dev_alloc": (c_int, [c_uint64, POINTER(ctypes.c_void_p)]),
     "lb_dev_free": (c_int, [ctypes.c_void_p]),

@@ -1,0 +1,254 @@
+// Small-N quantized GEMM for tree-verify widths (n = 2..32): Y[N, n] (+)= W[N, K] · X[K, n], the same
+// items, dequantization (Traits<QT> of quant_blocks.cuh), fp16 x fragments, fp32 accumulation, stream-K
+// split and fp32-atomic flush as qmm.cuh; only where the B fragments (x) come from differs.
+//
+// Why: in qmm_kernel every warp loads its own B fragments with 16-byte __ldg of fp32 x and converts them
+// (NT column tiles × 16 k-steps of LDG.128 + 2 F2FP per item). At n = 23 (NT 3, MT 2) that is 48 LDG.128
+// per warp-item, each touching ~4 scattered 64-byte pieces of 8 columns, so the L1 wavefronts and the
+// conversions, not the ~4.6 KB of Q4_K weights, set the pace (docs/perf.md, 27B GEMV "v3"/"v4").
+// Here all warps of a block work on the same item index, i.e. the same 256-block kb of K (different rows),
+// so the block stages x[kb·256 .. +256, 0..8·NT) once per item into shared memory, already fp16 and in
+// B-fragment order: a warp then reads each fragment with one conflict-free LDS.64 (no conversion, no
+// address math beyond an immediate). The staging of item i+1 is issued at the top of item i, while that
+// item's weight loads are in flight, into the second of two buffers: one __syncthreads per item.
+//
+// Shared layout of one buffer: uint2 frag[q][ct][32], q = (c·kHiLo + s)·4 + u the mma k-step of the item
+// (chunk c, lo/hi step s, word u: 16 steps for every type), ct the column tile; entry (q, ct, p) holds
+// lane p ^ u's (b0, b1). The XOR makes the staging stores conflict-free too: a staging warp's lanes are
+// (column g = lane >> 2, word u = lane & 3) of one 16-k group, i.e. 8 columns × 64 contiguous bytes of x
+// (full 32-byte sectors from L2), landing at 16 distinct 8-byte slots per half-warp; the reading warp's
+// 32 lanes still cover one 256-byte row.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "lb_check.cuh"
+#include "lb_pdl.cuh"
+#include "qmm.cuh"
+#include "quant_blocks.cuh"
+
+namespace lb {
+namespace q {
+
+constexpr int kSmallnSteps = 16;  // mma k-steps of 16 per 256-block, every type
+
+// The 16-k group grp (k = 16·grp .. +15 of the block) is word range u = 0..3 of lane part t at step
+// (c, s): klane(t) + kstep(c, 0, s) == 16·grp. Found by search, once per thread (the traits give the
+// forward map only, and it differs per type).
+template <int QT>
+__device__ __forceinline__ void smalln_group(int grp, int& q4, int& t) {
+    using Tr = Traits<QT>;
+    q4 = 0;
+    t = 0;
+#pragma unroll
+    for (int tt = 0; tt < 4; ++tt)
+#pragma unroll
+        for (int c = 0; c < Tr::kChunks; ++c)
+#pragma unroll
+            for (int s = 0; s < Tr::kHiLo; ++s)
+                if (Tr::klane(tt) + Tr::kstep(c, 0, s) == 16 * grp) {
+                    q4 = c * Tr::kHiLo + s;
+                    t = tt;
+                }
+}
+
+// One thread's share of staging an item's x into a buffer: for each of its 16/W groups (grp = warp + W·i)
+// and each column tile, 4 consecutive floats of column 8·ct + g (16 bytes, one LDG.128) → one uint2.
+template <int QT, int NT, int W>
+struct XStager {
+    static constexpr int kGroups = kSmallnSteps / W;  // 16-k groups per warp
+    const float* xl;                                   // x + g·K + 16·warp + 4u: the lane's part
+    int dst[kGroups];                                  // uint2 index in a buffer, column tile 0
+    int64_t col_stride;                                // 8·K floats: one column tile further
+    int g;
+    __device__ XStager(const QmmArgs& a, int warp, int lane) {
+        g = lane >> 2;
+        const int u = lane & 3;
+        xl = a.x + (int64_t)g * a.k + 16 * warp + 4 * u;
+        col_stride = (int64_t)8 * a.k;
+#pragma unroll
+        for (int i = 0; i < kGroups; ++i) {
+            int q4, t;
+            smalln_group<QT>(warp + W * i, q4, t);
+            dst[i] = ((4 * q4 + u) * NT) * 32 + ((4 * g + t) ^ u);
+        }
+    }
+    // Loads first, then converts and stores, so the 16/W·NT loads are in flight together. Columns ≥ n
+    // stage zeros (their results are never stored; nothing past x's end is read).
+    __device__ __forceinline__ void stage(int kb, int n, uint2* buf) const {
+        float4 v[kGroups][NT];
+        const float* p = xl + kb * QK;
+#pragma unroll
+        for (int ct = 0; ct < NT; ++ct) {
+#pragma unroll
+            for (int i = 0; i < kGroups; ++i)
+                v[i][ct] = 8 * ct + g < n ? __ldg(reinterpret_cast<const float4*>(p + 16 * W * i))
+                                          : make_float4(0.f, 0.f, 0.f, 0.f);
+            p += col_stride;
+        }
+#pragma unroll
+        for (int ct = 0; ct < NT; ++ct)
+#pragma unroll
+            for (int i = 0; i < kGroups; ++i)
+                buf[dst[i] + 32 * ct] = make_uint2(h2_bits(__floats2half2_rn(v[i][ct].x, v[i][ct].z)),
+                                                   h2_bits(__floats2half2_rn(v[i][ct].y, v[i][ct].w)));
+    }
+};
+
+// One item of one warp, qmm_item's arithmetic with B from the staged buffer.
+template <int QT, int NT, int MT>
+__device__ __forceinline__ void smalln_item(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
+                                            const uint2* buf, int lane, int t) {
+    using Tr = Traits<QT>;
+    static_for<Tr::kChunks>([&](auto C) {
+        static_for<Tr::kHiLo>([&](auto S) {
+            constexpr int c = decltype(C)::value, st = decltype(S)::value;
+            Scales sc[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                sc[m][0] = Tr::template prep<c, st>(rr[m][0], t);
+                sc[m][1] = Tr::template prep<c, st>(rr[m][1], t);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int q = (c * Tr::kHiLo + st) * 4 + u;
+                uint2 b[NT];
+#pragma unroll
+                for (int ct = 0; ct < NT; ++ct) b[ct] = buf[(q * NT + ct) * 32 + (lane ^ u)];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    uint32_t a0, a1, a2, a3;
+                    Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
+                    Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
+#pragma unroll
+                    for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct].x, b[ct].y);
+                }
+            }
+        });
+    });
+}
+
+// The MT row tiles' weights of one item into registers (qmm_kernel's loads; rows past the end load the
+// last row, in bounds and never stored).
+template <int QT, int MT>
+__device__ __forceinline__ void smalln_load(const QmmArgs& a, int64_t row0, int kb, int g, int t,
+                                            typename Traits<QT>::Row (&rr)[MT][2]) {
+    using Tr = Traits<QT>;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t row = min(row0 + 16 * m + g + 8 * h, a.n_rows - 1);
+#pragma unroll
+            for (int p = 0; p < Tr::kPieces; ++p) rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
+            if constexpr (Tr::kD16)
+                rr[m][h].d = __half2float(Traits<Q6_K>::d_array(a.w, a.n_rows, a.k)[row * (a.k / QK) + kb]);
+        }
+}
+
+// W warps per block, each MT row tiles of 16: a row group of 16·MT·W rows; items (row group, kb) split
+// into equal contiguous shares over the resident blocks as in qmm_kernel. Launched with launch_pdl:
+// the first item's weights load before pdl_wait(); x and y only after it.
+template <int QT, int NT, int MT, int W, int kMinBlocks>
+__global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs a) {
+    using Tr = Traits<QT>;
+    static_assert(Tr::kChunks * Tr::kHiLo * 4 == kSmallnSteps, "16 k-steps per 256-block");
+    static_assert(kSmallnSteps % W == 0, "W must divide the 16 staging groups");
+    constexpr int kGroupRows = W * MT * 16;
+    constexpr int kBuf = kSmallnSteps * NT * 32;  // uint2 per buffer
+    __shared__ uint2 xs[2][kBuf];
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nb = a.k / QK;
+    int64_t it = a.items * blockIdx.x / gridDim.x;
+    const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
+    if (it >= end) {  // (the grid is capped by the item count: not reached)
+        pdl_wait();
+        return;
+    }
+    int64_t grp = it / nb;
+    int kb = (int)(it - grp * nb);
+    int64_t row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
+
+    typename Tr::Row rr[MT][2];
+    if (row0 < a.n_rows) smalln_load<QT, MT>(a, row0, kb, g, t, rr);  // weights: never written by a predecessor
+    const XStager<QT, NT, W> xst(a, warp, lane);
+    pdl_wait();  // x (and y, below) may be the previous kernel's output
+    xst.stage(kb, a.n, xs[0]);
+    __syncthreads();
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int ct = 0; ct < NT; ++ct)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][ct][e] = 0.0f;
+
+    for (int buf = 0;; buf ^= 1) {
+        const bool more = it + 1 < end;  // block-uniform: every thread reaches the same barriers
+        const int nkb = kb + 1 == nb ? 0 : kb + 1;
+        // the next item's x into the other buffer: its last reads (item i-1) ended before the barrier
+        // that closed the previous iteration
+        if (more) xst.stage(nkb, a.n, xs[buf ^ 1]);
+        if (row0 < a.n_rows) {  // warp-uniform: a partial last group skips whole empty tiles
+            smalln_item<QT, NT, MT>(rr, acc, xs[buf], lane, t);
+            if (kb + 1 == nb || !more) qmm_flush<NT, MT>(a, row0, acc, g, t);
+        }
+        if (!more) break;
+        ++it;
+        if (nkb == 0) ++grp;
+        kb = nkb;
+        row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
+        // issued before the barrier, so they are in flight while the block waits and stages
+        if (row0 < a.n_rows) smalln_load<QT, MT>(a, row0, kb, g, t, rr);
+        __syncthreads();  // xs[buf ^ 1] complete for everyone; xs[buf] free for the next staging
+    }
+}
+
+// ---- launch ---------------------------------------------------------------------------------------
+
+// Blocks per SM and SM count, worked out once per process, device and instance.
+template <int QT, int NT, int MT, int W, int kMinBlocks>
+int smalln_config(QmmConfig& out) {
+    static std::mutex mu;
+    static QmmConfig cache[kMaxDevices];
+    int dev = 0;
+    LB_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= kMaxDevices) return set_error(LB_ERR_UNSUPPORTED, "qmm_smalln: device %d out of range", dev);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!cache[dev].sms) {
+        QmmConfig c;
+        int per_sm = 0;
+        LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
+        LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks>, W * 32, 0));
+        c.grid_per_sm = std::max(per_sm, 1);
+        cache[dev] = c;
+    }
+    out = cache[dev];
+    return LB_OK;
+}
+
+// grid = every block that fits at once, capped by the item count; accumulate = 0 zeroes y first (the
+// kernel only adds). n must be ≤ 8·NT.
+template <int QT, int NT, int MT, int W, int kMinBlocks>
+int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                      cudaStream_t stream) {
+    constexpr int kGroupRows = W * MT * 16;
+    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
+    a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
+    QmmConfig c;
+    const int st = smalln_config<QT, NT, MT, W, kMinBlocks>(c);
+    if (st != LB_OK) return st;
+    const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
+    if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows * n, stream));
+    LB_CUDA_TRY(launch_pdl(qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks>, dim3((unsigned)grid), dim3(W * 32), 0, stream, a));
+    return LB_OK;
+}
+
+}  // namespace q
+}  // namespace lb

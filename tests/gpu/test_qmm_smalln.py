@@ -1,0 +1,152 @@
+"""The x-staged small-N kernel (cuda/common/qmm_smalln.cuh, lb_gemm_q_smalln at n = 2..32) against the float64
+reference of test_quant_gemv.py, in every launch shape lb_qmm_smalln_select offers (and the register kernel it
+replaces, as a control).
+
+Every type, odd row counts, K a multiple of 256 with an odd block count, each column-tile width at its edges
+(n = 2, 7, 9, 16, 23, 24, 31, 32), accumulate 0 (output NaN-poisoned first: an unwritten element stays NaN) and
+1 (output preset to a random vector), plus shapes with several items per block (flushes mid-range, both x
+buffers, row-group wrap). Results of the stream-K atomics are compared by relative RMS error, like the others.
+
+Script mode: `python tests/gpu/test_qmm_smalln.py [--bench]`; --bench prints n = 1 vs n = 23 (every kernel) on
+the 27B shapes, and the other widths at ffn_down.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+
+from gpu_lib import pytest
+from test_quant_gemv import QTYPES, TOL, Dev, case, lib, rel_rms
+
+pytestmark = pytest.mark.gpu
+
+# lb_qmm_smalln_select: 0 shipped, 1 register kernel (qmm.cuh), 2..5 staged shapes A..D
+SELECT = {0: "shipped", 1: "register", 2: "staged A 2x8", 3: "staged B 2x4", 4: "staged C 1x16", 5: "staged D 1x8"}
+NS = [2, 7, 9, 16, 23, 24, 31, 32]
+# (301, 7 blocks): one item per block, partial last row group; (4099, 16 blocks): 2-4 items per block in every
+# shape (272 / 528 items on 132-396 blocks), so blocks flush mid-range and use both x buffers.
+SHAPES = [(301, 256 * 7), (4099, 256 * 16)]
+# the 27B FFN shape: ~10 items per block, several row-group wraps per block
+MANY_ITEMS_SHAPE = (17408, 5120)
+
+
+def select(which: int) -> None:
+    lib().call("lb_qmm_smalln_select", which)
+
+
+def errors(qt: str, rows: int, k: int, ns, selects) -> list[tuple[int, int, int, float]]:
+    """(select, n, accumulate, relative RMS error) of every combination; the reference product is computed once
+    per n. Raises on an unwritten (NaN) output."""
+    w, ref = case(qt, rows, k)
+    out = []
+    try:
+        for n in ns:
+            rng = np.random.default_rng(2000 + n)
+            x = rng.standard_normal((n, k)).astype(np.float32)  # column-major X[k, n]: vector j contiguous
+            y0 = rng.standard_normal((n, rows)).astype(np.float32)
+            prod = x.astype(np.float64) @ ref.T
+            xd = Dev.of(x)
+            try:
+                for sel in selects:
+                    select(sel)
+                    for acc in (0, 1):
+                        yd = Dev.of(y0) if acc else Dev(4 * n * rows)
+                        try:
+                            if not acc:
+                                lib().call("lb_dev_memset", yd.ptr, 0xFF, yd.nbytes)  # NaN everywhere
+                            lib().call("lb_gemm_q_smalln", QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, acc, None)
+                            got = yd.get(np.float32, n * rows).reshape(n, rows).astype(np.float64)
+                        finally:
+                            yd.close()
+                        bad = int((~np.isfinite(got)).sum())
+                        assert not bad, f"{qt} N{rows} K{k} n={n} {SELECT[sel]} acc={acc}: {bad} NaN/unwritten outputs"
+                        out.append((sel, n, acc, rel_rms(got - y0 if acc else got, prod)))
+            finally:
+                xd.close()
+    finally:
+        select(0)
+    return out
+
+
+def check(qt, rows, k, ns, selects):
+    errs = errors(qt, rows, k, ns, selects)
+    bad = [f"{SELECT[s]} n={n} acc={a}: {e:.2e}" for s, n, a, e in errs if not e < TOL]
+    assert not bad, f"{qt} N{rows} K{k}: relative RMS over {TOL}: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("rows,k", SHAPES, ids=[f"N{r}-K{k}" for r, k in SHAPES])
+def test_staged_smalln(qt, rows, k):
+    check(qt, rows, k, NS, list(SELECT))
+
+
+@pytest.mark.parametrize("qt", list(QTYPES))
+def test_staged_smalln_many_items(qt):
+    check(qt, *MANY_ITEMS_SHAPE, [9, 23, 32], [0, 2, 3, 4, 5])
+
+
+def test_select_rejects_unknown():
+    from lucebox_cli.errors import LuceboxError
+
+    with pytest.raises(LuceboxError, match="0..5"):
+        select(6)
+
+
+# ---- bench (script mode) ---------------------------------------------------------------------------
+
+BENCH_SHAPES = [("ffn_gate/up", 17408, 5120), ("ffn_down", 5120, 17408), ("attn_qkv", 10240, 5120),
+                ("ssm_out/o", 5120, 6144)]
+
+
+def bench_us(qt: str, rows: int, k: int, n: int, sel: int, iters: int = 50) -> float:
+    select(sel)
+    try:
+        ms = ctypes.c_float()
+        lib().call("lb_bench_qmm", QTYPES[qt], rows, k, n, iters, ctypes.byref(ms))
+        return ms.value * 1e3
+    finally:
+        select(0)
+
+
+def bench(out=print) -> None:
+    sels = [1, 2, 3, 4, 5]
+    head = "| type | tensor | N×K | n | n = 1 µs | " + " | ".join(f"{SELECT[s]} µs" for s in sels) + " | best / n = 1 |"
+    out(head)
+    out("|" + "---|" * (head.count("|") - 1))
+    cases = [("Q4_K", name, r, k, 23) for name, r, k in BENCH_SHAPES]
+    cases += [(qt, "ffn_down", 5120, 17408, 23) for qt in ("Q5_K", "Q6_K", "Q8_0")]
+    cases += [("Q6_K", "attn_qkv", 10240, 5120, 23)]
+    cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q4_K", "Q6_K") for n in (2, 8, 16, 24, 32)]
+    cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q5_K", "Q8_0") for n in (8, 16, 32)]
+    one = {}
+    for qt, name, r, k, n in cases:
+        if (qt, r, k) not in one:
+            one[(qt, r, k)] = bench_us(qt, r, k, 1, 0)
+        us = [bench_us(qt, r, k, n, s) for s in sels]
+        out(f"| {qt} | {name} | {r}×{k} | {n} | {one[(qt, r, k)]:.1f} | " + " | ".join(f"{u:.1f}" for u in us)
+            + f" | {min(us) / one[(qt, r, k)]:.2f} |")
+        sys.stdout.flush()
+
+
+def _main(argv: list[str]) -> int:
+    failed = 0
+    if "--bench-only" not in argv:
+        for qt in QTYPES:
+            for rows, k in SHAPES:
+                try:
+                    check(qt, rows, k, NS, list(SELECT))
+                    print(f"PASS {qt} N{rows} K{k}", flush=True)
+                except AssertionError as exc:
+                    failed += 1
+                    print(f"FAIL {exc}", flush=True)
+    if "--bench" in argv or "--bench-only" in argv:
+        bench()
+    print(f"{failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
