@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <type_traits>
 
 #include "lb_check.cuh"
 #include "lb_pdl.cuh"
@@ -57,24 +58,35 @@ __device__ __forceinline__ void smalln_group(int grp, int& q4, int& t) {
 
 // One thread's share of staging an item's x into a buffer: for each of its 16/W groups (grp = warp + W·i)
 // and each column tile, 4 consecutive floats of column 8·ct + g (16 bytes, one LDG.128) → one uint2.
-template <int QT, int NT, int W>
+// kPack (the split kernel, whose W = 4 shapes are at their register cap): the destinations 16 bits each, two
+// per register, and the column stride in 32 bits; elsewhere the plain form (which allocates better there).
+template <int QT, int NT, int W, bool kPack>
 struct XStager {
     static constexpr int kGroups = kSmallnSteps / W;  // 16-k groups per warp
-    const float* xl;                                   // x + g·K + 16·warp + 4u: the lane's part
-    int dst[kGroups];                                  // uint2 index in a buffer, column tile 0
-    int64_t col_stride;                                // 8·K floats: one column tile further
+    static constexpr int kWords = kPack ? (kGroups + 1) / 2 : kGroups;
+    const float* xl;  // x + g·K + 16·warp + 4u: the lane's part
+    uint32_t dst[kWords];  // uint2 index in a buffer of group i, column tile 0 (< 16·NT·32)
+    std::conditional_t<kPack, int, int64_t> col_stride;  // 8·K floats: one column tile further
     int g;
     __device__ XStager(const QmmArgs& a, int warp, int lane) {
         g = lane >> 2;
         const int u = lane & 3;
         xl = a.x + (int64_t)g * a.k + 16 * warp + 4 * u;
-        col_stride = (int64_t)8 * a.k;
+        col_stride = 8 * a.k;
+#pragma unroll
+        for (int i = 0; i < kWords; ++i) dst[i] = 0;
 #pragma unroll
         for (int i = 0; i < kGroups; ++i) {
             int q4, t;
             smalln_group<QT>(warp + W * i, q4, t);
-            dst[i] = ((4 * q4 + u) * NT) * 32 + ((4 * g + t) ^ u);
+            const uint32_t d = ((4 * q4 + u) * NT) * 32 + ((4 * g + t) ^ u);
+            if constexpr (kPack) dst[i / 2] |= d << (16 * (i % 2));
+            else dst[i] = d;
         }
+    }
+    __device__ __forceinline__ int dst_of(int i) const {
+        if constexpr (kPack) return (dst[i / 2] >> (16 * (i % 2))) & 0xFFFF;
+        else return (int)dst[i];
     }
     // Loads first, then converts and stores, so the 16/W·NT loads are in flight together. Columns ≥ n
     // stage zeros (their results are never stored; nothing past x's end is read).
@@ -93,7 +105,7 @@ struct XStager {
         for (int ct = 0; ct < NT; ++ct)
 #pragma unroll
             for (int i = 0; i < kGroups; ++i)
-                buf[dst[i] + 32 * ct] = make_uint2(h2_bits(__floats2half2_rn(v[i][ct].x, v[i][ct].z)),
+                buf[dst_of(i) + 32 * ct] = make_uint2(h2_bits(__floats2half2_rn(v[i][ct].x, v[i][ct].z)),
                                                    h2_bits(__floats2half2_rn(v[i][ct].y, v[i][ct].w)));
     }
 };
@@ -150,10 +162,16 @@ __device__ __forceinline__ void smalln_load(const QmmArgs& a, int64_t row0, int 
 }
 
 // W warps per block, each MT row tiles of 16: a row group of 16·MT·W rows; items (row group, kb) split
-// into equal contiguous shares over the resident blocks as in qmm_kernel. Launched with launch_pdl:
-// the first item's weights load before pdl_wait(); x and y only after it.
-template <int QT, int NT, int MT, int W, int kMinBlocks>
+// into equal contiguous shares over the resident blocks as in qmm_kernel. kMinBlocks is what ptxas is
+// asked to fit per SM (the register cap). Launched with launch_pdl: the first item's weights load before
+// pdl_wait(); x and y only after it.
+// kSplit (MT = 2): the item's two row tiles run one after the other, each reading its own B fragments, so
+// that tile 0's registers take the next item's tile-0 weights while tile 1 computes (and tile 1's right
+// after): the next item's loads get half an item of compute to land, at the same register count, for
+// twice the shared-memory reads of B.
+template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false>
 __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs a) {
+    static_assert(!kSplit || MT == 2, "the split pipelines two row tiles");
     using Tr = Traits<QT>;
     static_assert(Tr::kChunks * Tr::kHiLo * 4 == kSmallnSteps, "16 k-steps per 256-block");
     static_assert(kSmallnSteps % W == 0, "W must divide the 16 staging groups");
@@ -176,7 +194,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
 
     typename Tr::Row rr[MT][2];
     if (row0 < a.n_rows) smalln_load<QT, MT>(a, row0, kb, g, t, rr);  // weights: never written by a predecessor
-    const XStager<QT, NT, W> xst(a, warp, lane);
+    const XStager<QT, NT, W, kSplit> xst(a, warp, lane);
     pdl_wait();  // x (and y, below) may be the previous kernel's output
     xst.stage(kb, a.n, xs[0]);
     __syncthreads();
@@ -189,23 +207,35 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[m][ct][e] = 0.0f;
 
+    using Tile = typename Tr::Row[1][2];
+    using TileAcc = float[1][NT][4];
     for (int buf = 0;; buf ^= 1) {
         const bool more = it + 1 < end;  // block-uniform: every thread reaches the same barriers
         const int nkb = kb + 1 == nb ? 0 : kb + 1;
+        const int64_t nrow0 = row0 + (nkb == 0 ? kGroupRows : 0);
+        const bool cur = row0 < a.n_rows, nxt = more && nrow0 < a.n_rows;  // warp-uniform
         // the next item's x into the other buffer: its last reads (item i-1) ended before the barrier
         // that closed the previous iteration
         if (more) xst.stage(nkb, a.n, xs[buf ^ 1]);
-        if (row0 < a.n_rows) {  // warp-uniform: a partial last group skips whole empty tiles
-            smalln_item<QT, NT, MT>(rr, acc, xs[buf], lane, t);
-            if (kb + 1 == nb || !more) qmm_flush<NT, MT>(a, row0, acc, g, t);
+        if constexpr (kSplit) {
+            // (a partial last group skips whole empty tiles)
+            if (cur) smalln_item<QT, NT, 1>(reinterpret_cast<Tile&>(rr[0]), reinterpret_cast<TileAcc&>(acc[0]), xs[buf], lane, t);
+            if (nxt) smalln_load<QT, 1>(a, nrow0, nkb, g, t, reinterpret_cast<Tile&>(rr[0]));
+            if (cur) smalln_item<QT, NT, 1>(reinterpret_cast<Tile&>(rr[1]), reinterpret_cast<TileAcc&>(acc[1]), xs[buf], lane, t);
+            if (nxt) smalln_load<QT, 1>(a, nrow0 + 16, nkb, g, t, reinterpret_cast<Tile&>(rr[1]));
+            if (cur && (kb + 1 == nb || !more)) qmm_flush<NT, MT>(a, row0, acc, g, t);
+        } else {
+            if (cur) {
+                smalln_item<QT, NT, MT>(rr, acc, xs[buf], lane, t);
+                if (kb + 1 == nb || !more) qmm_flush<NT, MT>(a, row0, acc, g, t);
+            }
+            // issued before the barrier, so they are in flight while the block waits and stages
+            if (nxt) smalln_load<QT, MT>(a, nrow0, nkb, g, t, rr);
         }
         if (!more) break;
         ++it;
-        if (nkb == 0) ++grp;
         kb = nkb;
-        row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
-        // issued before the barrier, so they are in flight while the block waits and stages
-        if (row0 < a.n_rows) smalln_load<QT, MT>(a, row0, kb, g, t, rr);
+        row0 = nrow0;
         __syncthreads();  // xs[buf ^ 1] complete for everyone; xs[buf] free for the next staging
     }
 }
@@ -213,7 +243,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
 // ---- launch ---------------------------------------------------------------------------------------
 
 // Blocks per SM and SM count, worked out once per process, device and instance.
-template <int QT, int NT, int MT, int W, int kMinBlocks>
+template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit>
 int smalln_config(QmmConfig& out) {
     static std::mutex mu;
     static QmmConfig cache[kMaxDevices];
@@ -225,7 +255,7 @@ int smalln_config(QmmConfig& out) {
         QmmConfig c;
         int per_sm = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-        LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks>, W * 32, 0));
+        LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit>, W * 32, 0));
         c.grid_per_sm = std::max(per_sm, 1);
         cache[dev] = c;
     }
@@ -235,18 +265,18 @@ int smalln_config(QmmConfig& out) {
 
 // grid = every block that fits at once, capped by the item count; accumulate = 0 zeroes y first (the
 // kernel only adds). n must be ≤ 8·NT.
-template <int QT, int NT, int MT, int W, int kMinBlocks>
+template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false>
 int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                       cudaStream_t stream) {
     constexpr int kGroupRows = W * MT * 16;
     QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
     QmmConfig c;
-    const int st = smalln_config<QT, NT, MT, W, kMinBlocks>(c);
+    const int st = smalln_config<QT, NT, MT, W, kMinBlocks, kSplit>(c);
     if (st != LB_OK) return st;
     const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
     if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows * n, stream));
-    LB_CUDA_TRY(launch_pdl(qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks>, dim3((unsigned)grid), dim3(W * 32), 0, stream, a));
+    LB_CUDA_TRY(launch_pdl(qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit>, dim3((unsigned)grid), dim3(W * 32), 0, stream, a));
     return LB_OK;
 }
 

@@ -155,8 +155,8 @@ LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int k, const f
  * to cover twice the L2 (so it measures HBM), accumulate = 1 (kernels only). Blocks. */
 LB_API int lb_bench_qmm(int qtype, int n_rows, int k, int n, int iters, float* ms_out);
 /* Which kernel lb_gemm_q_smalln runs at n = 2..32, for A/B measurements (tests/gpu/test_qmm_smalln.py):
- * 0 the shipped choice (default), 1 the register kernel of qmm.cuh for every n, 2..5 the x-staged kernel
- * of qmm_smalln.cuh in launch shape A..D (cuda/ops/gemm_q_smalln.cu). Process-wide; needs no GPU. */
+ * 0 the shipped choice (default), 1 the register kernel of qmm.cuh for every n, 2..7 the x-staged kernel
+ * of qmm_smalln.cuh in launch shape A..F (cuda/ops/gemm_q_smalln.cu). Process-wide; needs no GPU. */
 LB_API int lb_qmm_smalln_select(int which);
 
 /* ---- Device buffers (cuda/ops/dev_buffers.cu): for callers without another CUDA binding --------- */

@@ -14,8 +14,8 @@ namespace {
 
 using namespace lb::q;
 
-// 0: the shipped choice; 1: qmm.cuh's register kernel for every n (the path before qmm_smalln.cuh);
-// 2..5: the staged kernel at n = 2..32 in launch shape A..D (see staged_launch).
+// 0: the shipped choice (shipped_shape); 1: qmm.cuh's register kernel for every n (the path before
+// qmm_smalln.cuh); 2..7: the staged kernel at n = 2..32 in launch shape A..F (see staged_launch).
 std::atomic<int> g_select{0};
 
 // The register kernel (qmm.cuh) for every n.
@@ -41,7 +41,8 @@ int register_dispatch(const void* w, int64_t n_rows, int k, const float* x, int 
 // Launch shapes of the staged kernel (row tiles per warp MT, warps per block W, blocks per SM asked of
 // ptxas): A 2×8 (256-row groups, ≤ 255 registers: one block, 8 warps per SM), B 2×4 (128-row groups,
 // three blocks = 12 warps per SM where the registers allow it without spills, else two), C 1×16
-// (256-row groups, 16 warps in one block), D 1×8 (128-row groups, two blocks of 8 warps).
+// (256-row groups, 16 warps in one block), D 1×8 (128-row groups, two blocks of 8 warps); E and F are B and
+// A with the two row tiles split so that the next item's weights load under the current item's compute.
 template <int QT, int NT>
 constexpr int kMinBlocksB = (QT == Q4_K || QT == Q8_0) && NT <= 3 ? 3 : 2;
 
@@ -52,8 +53,27 @@ int staged_launch(int shape, const void* w, int64_t n_rows, int k, const float* 
         case 1: return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>>(w, n_rows, k, x, n, y, accumulate, s);
         case 2: return qmm_smalln_launch<QT, NT, 1, 16, 1>(w, n_rows, k, x, n, y, accumulate, s);
         case 3: return qmm_smalln_launch<QT, NT, 1, 8, 2>(w, n_rows, k, x, n, y, accumulate, s);
+        case 4: return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>, true>(w, n_rows, k, x, n, y, accumulate, s);
+        case 5: return qmm_smalln_launch<QT, NT, 2, 8, 1, true>(w, n_rows, k, x, n, y, accumulate, s);
         default: return qmm_smalln_launch<QT, NT, 2, 8, 1>(w, n_rows, k, x, n, y, accumulate, s);
     }
+}
+
+// The shipped shape per type and column tiles (H200, docs/perf.md "small-N v1", 27B shapes): B where its
+// 12 warps per SM fit (Q4_K, Q8_0 up to 3 column tiles), else D (16 warps of one row tile: Q5_K/Q6_K
+// with two row tiles fit only 8), and the register kernel for Q6_K at n <= 8, where it measured faster.
+// -1: the register kernel.
+template <int QT, int NT>
+constexpr int kShippedShape = QT == Q6_K && NT == 1                 ? -1
+                              : (QT == Q4_K || QT == Q8_0) && NT <= 3 ? 1
+                                                                      : 3;
+
+template <int QT, int NT>
+int staged_or_register(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                       cudaStream_t s) {
+    const int shape = sel >= 2 ? sel - 2 : kShippedShape<QT, NT>;
+    if (shape < 0) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s);
+    return staged_launch<QT, NT>(shape, w, n_rows, k, x, n, y, accumulate, s);
 }
 
 template <int QT>
@@ -61,11 +81,10 @@ int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n,
                     cudaStream_t s) {
     const int sel = g_select.load(std::memory_order_relaxed);
     if (sel == 1 || n == 1 || n > 32) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s);
-    const int shape = sel >= 2 ? sel - 2 : 0;
-    if (n <= 8) return staged_launch<QT, 1>(shape, w, n_rows, k, x, n, y, accumulate, s);
-    if (n <= 16) return staged_launch<QT, 2>(shape, w, n_rows, k, x, n, y, accumulate, s);
-    if (n <= 24) return staged_launch<QT, 3>(shape, w, n_rows, k, x, n, y, accumulate, s);
-    return staged_launch<QT, 4>(shape, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 8) return staged_or_register<QT, 1>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 16) return staged_or_register<QT, 2>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 24) return staged_or_register<QT, 3>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    return staged_or_register<QT, 4>(sel, w, n_rows, k, x, n, y, accumulate, s);
 }
 
 }  // namespace
@@ -84,7 +103,7 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
 }
 
 extern "C" LB_API int lb_qmm_smalln_select(int which) {
-    if (which < 0 || which > 5) return lb::set_error(LB_ERR_INVALID_ARG, "%s: which = %d, need 0..5", __func__, which);
+    if (which < 0 || which > 7) return lb::set_error(LB_ERR_INVALID_ARG, "%s: which = %d, need 0..7", __func__, which);
     g_select.store(which, std::memory_order_relaxed);
     return LB_OK;
 }
