@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "lb_check.cuh"
+#include "lb_pdl.cuh"
 #include "quant_blocks.cuh"
 
 namespace lb {
@@ -149,9 +150,13 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
+    pdl_trigger();
     int64_t it = a.items * blockIdx.x / gridDim.x;
     const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
-    if (it >= end) return;
+    if (it >= end) {
+        pdl_wait();  // lb_pdl.cuh: no block may finish before its predecessor
+        return;
+    }
     int64_t grp = it / nb;
     int kb = (int)(it - grp * nb);
     XCursor<QT, NT> xc(a, kb, g, t);
@@ -164,32 +169,39 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[m][ct][e] = 0.0f;
 
-    for (; it < end; ++it) {
-        const int64_t row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
-        if (row0 < a.n_rows) {  // warp-uniform: a partial last group skips whole empty tiles
-            typename Tr::Row rr[MT][2];
+    typename Tr::Row rr[MT][2];
+    auto load = [&](int64_t row0) {
 #pragma unroll
-            for (int m = 0; m < MT; ++m)
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    // rows past the end load the last row (in bounds, never stored)
-                    const int64_t row = min(row0 + 16 * m + g + 8 * h, a.n_rows - 1);
+            for (int h = 0; h < 2; ++h) {
+                // rows past the end load the last row (in bounds, never stored)
+                const int64_t row = min(row0 + 16 * m + g + 8 * h, a.n_rows - 1);
 #pragma unroll
-                    for (int p = 0; p < Tr::kPieces; ++p)
-                        rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
-                    if constexpr (Tr::kD16)
-                        rr[m][h].d = __half2float(Traits<Q6_K>::d_array(a.w, a.n_rows, a.k)[row * nb + kb]);
-                }
-            qmm_item<QT, NT, MT>(rr, acc, xc.p, t);
-        }
-        if (kb + 1 == nb || it + 1 == end) {
+                for (int p = 0; p < Tr::kPieces; ++p)
+                    rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
+                if constexpr (Tr::kD16)
+                    rr[m][h].d = __half2float(Traits<Q6_K>::d_array(a.w, a.n_rows, a.k)[row * nb + kb]);
+            }
+    };
+    // The first item's weights are constant: their loads go out before waiting for the previous kernel
+    // (PDL), which is what x and y depend on.
+    int64_t row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
+    if (row0 < a.n_rows) load(row0);
+    pdl_wait();
+    for (;;) {
+        if (row0 < a.n_rows) qmm_item<QT, NT, MT>(rr, acc, xc.p, t);  // warp-uniform: a partial last group
+        if (kb + 1 == nb || it + 1 == end) {                            // skips whole empty tiles
             if (row0 < a.n_rows) qmm_flush<NT, MT>(a, row0, acc, g, t);
         }
+        if (++it == end) break;
         if (++kb == nb) {
             kb = 0;
             ++grp;
         }
         xc.advance(kb, nb);
+        row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
+        if (row0 < a.n_rows) load(row0);
     }
 }
 
@@ -249,9 +261,13 @@ __global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stage
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
+    pdl_trigger();
     int64_t it = a.items * blockIdx.x / gridDim.x;
     const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
-    if (it >= end) return;
+    if (it >= end) {
+        pdl_wait();  // lb_pdl.cuh: no block may finish before its predecessor
+        return;
+    }
     const uint4* ring = qmm_ring + (size_t)warp * stages * St::kU4;
     const uint32_t ring_s = smem_u32(ring);
 
@@ -291,6 +307,9 @@ __global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stage
         }
         cp_async_commit();
     }
+    // the first stages-1 items' weight copies (constant data) are in flight; x and y come from the
+    // previous kernel (PDL)
+    pdl_wait();
     int slot = 0, pslot = stages - 1;
     for (; it < end; ++it) {
         if (pit < end) {
@@ -439,13 +458,12 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
     if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows * n, stream));
     if constexpr (kRingType<QT, NT>) {
         if (ring) {
-            qmm_ring_kernel<QT, NT, MT><<<(unsigned)grid, kThreads, c.smem, stream>>>(a, c.stages);
-            LB_LAUNCH_TRY();
+            LB_CUDA_TRY(launch_pdl(qmm_ring_kernel<QT, NT, MT>, dim3((unsigned)grid), dim3(kThreads), c.smem, stream,
+                                   a, c.stages));
             return LB_OK;
         }
     }
-    qmm_kernel<QT, NT, MT><<<(unsigned)grid, kThreads, 0, stream>>>(a);
-    LB_LAUNCH_TRY();
+    LB_CUDA_TRY(launch_pdl(qmm_kernel<QT, NT, MT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
     return LB_OK;
 }
 

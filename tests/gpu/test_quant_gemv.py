@@ -31,7 +31,8 @@ TOL = 1e-3
 
 
 API = ("lb_quant_bytes", "lb_quant_repack", "lb_quant_fill_random", "lb_gemv_q", "lb_gemm_q_smalln", "lb_bench_qmm",
-       "lb_dev_alloc", "lb_dev_free", "lb_dev_h2d", "lb_dev_d2h", "lb_dev_memset", "lb_dev_sync", "lb_last_error")
+       "lb_dev_alloc", "lb_dev_free", "lb_dev_h2d", "lb_dev_d2h", "lb_dev_memset", "lb_dev_sync", "lb_last_error",
+       "lb_set_pdl")
 
 
 @functools.lru_cache(maxsize=1)
@@ -173,6 +174,62 @@ def test_gemm_q_smalln_many_items(qt, n):
     rows, k = MANY_ITEMS_SHAPE
     err = run_case(qt, rows, k, n, accumulate=int(n % 2))
     assert err < TOL, f"{qt} N{rows} K{k} n={n}: relative RMS {err:.2e}"
+
+
+def run_pair(qt: str, rows: int, k: int, n: int, pdl: int) -> np.ndarray:
+    """One call (accumulate = 0 onto NaN) with programmatic dependent launch on or off; returns y."""
+    w, _ = case(qt, rows, k)
+    x = np.random.default_rng(77).standard_normal((n, k)).astype(np.float32)
+    xd, yd = Dev.of(x), Dev(4 * n * rows)
+    prev = lib().fn.lb_set_pdl(pdl)
+    try:
+        lib().call("lb_dev_memset", yd.ptr, 0xFF, yd.nbytes)
+        if n == 1:
+            lib().call("lb_gemv_q", QTYPES[qt], w.ptr, rows, k, xd.ptr, yd.ptr, 0, None)
+        else:
+            lib().call("lb_gemm_q_smalln", QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, 0, None)
+        return yd.get(np.float32, n * rows)
+    finally:
+        lib().fn.lb_set_pdl(prev)
+        xd.close()
+        yd.close()
+
+
+@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("n", [1, 41])
+def test_pdl_on_off_same(qt, n):
+    """lb_set_pdl(0) and (1) give the same y (to fp32 atomics order: stream-K partial sums)."""
+    rows, k = 5120, 17408
+    on, off = run_pair(qt, rows, k, n, 1), run_pair(qt, rows, k, n, 0)
+    assert np.isfinite(on).all() and np.isfinite(off).all()
+    assert rel_rms(on.astype(np.float64), off.astype(np.float64)) < 1e-6
+
+
+@pytest.mark.parametrize("qt", ["Q4_K", "Q6_K"])
+def test_pdl_dependent_chain(qt):
+    """y1 = Wa·x then y2 = Wb·y1 back to back on one stream, accumulating onto pre-zeroed outputs (no memset
+    between the kernels, as the engine runs them): under PDL the second GEMV's blocks start while the first
+    runs, and may read y1 only after pdl_wait. A read of a partial y1 would show as a large error of y2
+    against Wb·(the final y1)."""
+    wa, ref_a = case(qt, 5120, 17408)
+    wb, ref_b = case(qt, 17408, 5120)
+    x = np.random.default_rng(5).standard_normal(17408).astype(np.float32)
+    xd, y1, y2 = Dev.of(x), Dev(4 * 5120), Dev(4 * 17408)
+    prev = lib().fn.lb_set_pdl(1)
+    try:
+        for _ in range(3):
+            lib().call("lb_dev_memset", y1.ptr, 0, y1.nbytes)
+            lib().call("lb_dev_memset", y2.ptr, 0, y2.nbytes)
+            lib().call("lb_gemv_q", QTYPES[qt], wa.ptr, 5120, 17408, xd.ptr, y1.ptr, 1, None)
+            lib().call("lb_gemv_q", QTYPES[qt], wb.ptr, 17408, 5120, y1.ptr, y2.ptr, 1, None)
+            got1 = y1.get(np.float32, 5120).astype(np.float64)
+            got2 = y2.get(np.float32, 17408).astype(np.float64)
+            assert rel_rms(got1, ref_a @ x.astype(np.float64)) < TOL
+            assert rel_rms(got2, ref_b @ got1) < TOL
+    finally:
+        lib().fn.lb_set_pdl(prev)
+        for d in (xd, y1, y2):
+            d.close()
 
 
 def test_rejects_bad_shapes():
