@@ -21,6 +21,11 @@
 //   shared memory. The ring is used only where it measured faster: Q8_0 (bound by bytes in flight) at
 //   n <= 8 on tensors of 48 MiB or more. The K-quants are bound by their dequantization instructions,
 //   and the ring's extra copies made them slower (docs/perf.md, 27B GEMV "v3").
+// - n = 1 of Q4_K and Q5_K (the 27B decode's bulk) runs gemv_k45_kernel instead: the same items, but the
+//   mma's eight columns carry the eight sub-blocks of a 256-block, so the weights enter the mma raw and
+//   scales and mins are applied in fp32 per sub-block (~40% fewer instructions per item; "v5").
+// - Every kernel here is launched with programmatic dependent launch (lb_pdl.cuh): its first weight loads
+//   are issued before it waits for the previous kernel, which is what x and y depend on.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -140,9 +145,9 @@ struct XCursor {
 // ---- the register kernel (every type and n) -----------------------------------------------------
 
 // Each warp loads an item's weights straight into registers at the top of the item, then computes it:
-// nothing is in flight across items. For the K-quants that is not what limits it (docs/perf.md, 27B GEMV
-// "v3": a cp.async ring keeping 2-4 items in flight per warp made them slower), the dequantization
-// instruction stream is.
+// nothing is in flight across items. For the K-quants a cp.async ring keeping 2-4 items in flight per
+// warp made them slower (docs/perf.md, 27B GEMV "v3": its extra instructions cost more than it hid);
+// ncu on Q4_K n = 1 ("v5") shows the warps half their time waiting on loads at 46% issue utilisation.
 template <int QT, int NT, int MT>
 __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
     using Tr = Traits<QT>;
@@ -204,6 +209,245 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
         if (row0 < a.n_rows) load(row0);
     }
 }
+
+// ---- n = 1, Q4_K and Q5_K: one mma column per sub-block ------------------------------------------
+//
+// At n = 1 the register kernel above uses one of the mma's eight B columns and pays, per pair of weights,
+// a mask-or (LOP3), an exact HSUB2 of the 1024 and an HFMA2 for scale and min (~520 SASS instructions
+// per 16-row item, docs/perf.md "v4"). Here the eight columns carry the eight 32-weight sub-blocks of
+// the 256-block instead: lane (g, t) puts x of sub-block g into B and zeros for every other sub-block,
+// so column s of C sums sub-block s alone, and the A fragments stay the raw (1024 + q) halves of the
+// mask-or (one LOP3 per pair, exact). After an item's 16 mmas each lane holds rows g, g+8 × sub-blocks
+// 2t, 2t+1 and applies their scale and min in fp32:
+//     y += d·sc·(C − 1024·X) − dmin·m·X        (the hi nibbles decode as 1024 + 16q: d·sc/16 there)
+// where X = Σx over the sub-block comes from two more mmas with A = 1 over the same fp16 x, so the
+// 1024·X cancels against exactly what C holds. The weights are exact in fp32 here (the register kernel
+// rounds scale·q − min to fp16 per weight); x is rounded to fp16 in both.
+// Lane mapping: lane t reads bytes 8t .. 8t+7 of each 32-byte qs group j (four 8-byte loads per row),
+// so all 16 k of mma (group j, nibble half S, word w) lie in sub-block 2j + S: byte r = 8t + 4w + b of
+// group j is weight 64j + 32S + r, slots (2t, 2t+1, 2t+8, 2t+9) take bytes (0, 2, 1, 3) as in
+// quant_blocks.cuh, and B takes x[k0], x[k0+2] / x[k0+1], x[k0+3] at k0 = 32(2j + S) + 8t + 4w. Lane
+// (g, t) therefore needs only x[32g + 8t .. +7] (two 16-byte loads per item instead of sixteen).
+// Q5_K's fifth bits: qh bytes 8t .. 8t+7, bit 2j + S.
+
+template <int QT>
+struct K45Cols {
+    static constexpr bool kFive = QT == Q5_K;
+    static constexpr int kBlockBytes = kFive ? 176 : 144;
+    static constexpr int kQsOff = kFive ? 48 : 16;
+    struct Row {
+        uint4 hdr;  // d|dmin, scales 0-3, 4-7, 8-11
+        uint2 qs[4];
+        uint2 qh;  // Q5_K only
+    };
+    __device__ static void load(Row& r, const uint8_t* b, int t) {
+        r.hdr = ldg_stream(b);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r.qs[j] = ldg_stream8(b + kQsOff + 32 * j + 8 * t);
+        if constexpr (kFive) r.qh = ldg_stream8(b + 16 + 8 * t);
+    }
+    // The A halves of (group J, half S, word W): s02 = bytes 0 and 2, s13 = bytes 1 and 3, each 1024 + q
+    // (S = 0) or 1024 + 16q (S = 1), q with Q5_K's fifth bit.
+    template <int J, int S, int W>
+    __device__ static void raw(const Row& r, uint32_t& s02, uint32_t& s13) {
+        const uint32_t wq = W ? r.qs[J].y : r.qs[J].x;
+        constexpr uint32_t mask = S ? 0x00F000F0u : 0x000F000Fu;
+        uint32_t or02 = kMagic, or13 = kMagic;
+        if constexpr (kFive) {
+            // as TraitsK45::frag: bit 0 of each byte of hb to bit sh of its half (16 or 256)
+            const uint32_t hb = (W ? r.qh.y : r.qh.x) >> (2 * J + S);
+            constexpr int sh = S ? 8 : 4;
+            or02 = lop3<kAndOr>(hb << sh, 0x00010001u << sh, kMagic);
+            or13 = lop3<kAndOr>(shl_signed<sh - 8>(hb), 0x00010001u << sh, kMagic);
+        }
+        s02 = lop3<kAndOr>(wq, mask, or02);
+        s13 = lop3<kAndOr>(wq >> 8, mask, or13);
+    }
+};
+
+// Lane constants for the (scale, min) of sub-blocks 2t, 2t+1 (get_scale_min_k4, q = the 12 scale bytes):
+// for t < 2 (sub-blocks 0-3) sc = q[s] & 63, m = q[s + 4] & 63; for t >= 2 (s = 4 + i) sc = (q[8 + i] & 15)
+// | (q[i] >> 6) << 4 and m = (q[8 + i] >> 4) | (q[4 + i] >> 6) << 4. One PRMT gathers the two low parts
+// (bytes 0, 1) and the two bytes whose top bits are the high parts (bytes 2, 3), then masks and shifts that
+// differ only per lane finish both cases with the same instructions.
+struct K45Sel {
+    uint32_t sel, mA, mB, shM;
+};
+__device__ __forceinline__ K45Sel k45_sel(int t) {
+    const uint32_t p2 = 2 * (t & 1);
+    const bool hi = t >= 2;
+    const uint32_t lo_src = hi ? 4 + p2 : p2;  // byte of (first word, s3) pair: s3 is bytes 4-7
+    return {lo_src | (lo_src + 1) << 4 | p2 << 8 | (p2 + 1) << 12, hi ? 0x0F0Fu : 0x3F3Fu, hi ? 0x3030u : 0u,
+            hi ? 4u : 0u};
+}
+// d·sc of sub-blocks 2t (d1[0]) and 2t+1 (d1[1], over 16 for its 16q form), and −dmin·m of both.
+__device__ __forceinline__ void k45_scales(const uint4& h, const K45Sel& s, float (&d1)[2], float (&nm)[2]) {
+    const uint32_t a = __byte_perm(h.y, h.w, s.sel);
+    const uint32_t b = __byte_perm(h.z, h.w, s.sel);
+    const uint32_t sc = (a & s.mA) | ((a >> 18) & s.mB);
+    const uint32_t mn = ((b >> s.shM) & s.mA) | ((b >> 18) & s.mB);
+    const float2 dm = __half22float2(bits_h2(h.x));
+    // byte v under exponent 0x4B is the float 2^23 + v; one FFMA with −scale·2^23 leaves scale·v, rounded once
+    const float f0 = __uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7540));
+    const float f1 = __uint_as_float(__byte_perm(sc, 0x4B000000u, 0x7541));
+    const float g0 = __uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7540));
+    const float g1 = __uint_as_float(__byte_perm(mn, 0x4B000000u, 0x7541));
+    d1[0] = fmaf(f0, dm.x, -dm.x * 8388608.0f);
+    d1[1] = fmaf(f1, dm.x * 0.0625f, -dm.x * 524288.0f);
+    nm[0] = fmaf(g0, -dm.y, dm.y * 8388608.0f);
+    nm[1] = fmaf(g1, -dm.y, dm.y * 8388608.0f);
+}
+
+// D = A·B (C = 0).
+__device__ __forceinline__ void mma16816_zero(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %10, %10, %10};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// Each warp loads an item's weights at the end of the previous one, as the register kernel does. Two ways
+// of keeping the next item in flight while computing measured slower on the H200 (docs/perf.md, 27B GEMV
+// "v5"): a second register buffer (117 registers, 4 blocks per SM instead of 7) and an L2 prefetch of the
+// next block (the prefetches stalled the load pipe).
+// Blocks per SM asked of ptxas on sm_90. Left free, it gives Q4_K 72 registers (seven blocks) by spilling
+// two row pointers around the X mmas (their A of ones needs four registers), which is what was measured
+// (docs/perf.md "v5"); asked for six blocks it needs 79 and no spill. Q5_K keeps five blocks (90-96
+// registers). sm_86 compiles without spills when left free.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LB_GEMV_COLS_BOUNDS(QT) __launch_bounds__(kThreads, (QT) == Q4_K ? 6 : 5)
+#else
+#define LB_GEMV_COLS_BOUNDS(QT) __launch_bounds__(kThreads)
+#endif
+template <int QT>
+__global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
+    using K = K45Cols<QT>;
+    using Row = typename K::Row;
+    constexpr int kGroupRows = kWarps * 16;
+    constexpr uint32_t kOnes = 0x3C003C00u;  // half2(1, 1)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nb = a.k / QK;
+    pdl_trigger();
+    int64_t it = a.items * blockIdx.x / gridDim.x;
+    const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
+    if (it >= end) {
+        pdl_wait();  // lb_pdl.cuh: no block may finish before its predecessor
+        return;
+    }
+    int64_t grp = it / nb;
+    int kb = (int)(it - grp * nb);
+    const int64_t row_bytes = (int64_t)nb * K::kBlockBytes;
+    // rows past the end read the last row (in bounds, never stored)
+    auto block_of = [&](int64_t grp_, int kb_, int h) {
+        const int64_t row = min(grp_ * kGroupRows + warp * 16 + g + 8 * h, a.n_rows - 1);
+        return a.w + row * row_bytes + (int64_t)kb_ * K::kBlockBytes;
+    };
+    auto tile_live = [&](int64_t grp_) { return grp_ * kGroupRows + warp * 16 < a.n_rows; };  // warp-uniform
+
+    // load cursor: the item whose weights are loaded next
+    int64_t lgrp = grp;
+    int lkb = kb;
+    const uint8_t* pa = block_of(grp, kb, 0);
+    const uint8_t* pb = block_of(grp, kb, 1);
+    auto load = [&](Row (&r)[2]) {
+        if (tile_live(lgrp)) {
+            K::load(r[0], pa, t);
+            K::load(r[1], pb, t);
+        }
+    };
+    auto advance_load = [&]() {
+        if (++lkb == nb) {
+            lkb = 0;
+            ++lgrp;
+            pa = block_of(lgrp, 0, 0);
+            pb = block_of(lgrp, 0, 1);
+        } else {
+            pa += K::kBlockBytes;
+            pb += K::kBlockBytes;
+        }
+    };
+
+    uint32_t msk[8];  // all ones in column g's lanes: B of sub-block s is x there and 0 elsewhere
+#pragma unroll
+    for (int s = 0; s < 8; ++s) msk[s] = 0u - (uint32_t)(g == s);
+    const K45Sel sel = k45_sel(t);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+    Row ra[2];
+    // The first item's weights are constant: their loads go out before waiting for the previous kernel
+    // (PDL), which is what x and y depend on.
+    load(ra);
+    pdl_wait();
+    const float* xp = a.x + (int64_t)kb * QK + 32 * g + 8 * t;
+
+    auto item = [&](const Row (&r)[2]) {
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(xp));
+        const float4 x1 = __ldg(reinterpret_cast<const float4*>(xp + 4));
+        const uint32_t xf[2][2] = {{h2_bits(__floats2half2_rn(x0.x, x0.z)), h2_bits(__floats2half2_rn(x0.y, x0.w))},
+                                   {h2_bits(__floats2half2_rn(x1.x, x1.z)), h2_bits(__floats2half2_rn(x1.y, x1.w))}};
+        float cx[4], c[4];
+        mma16816_zero(cx, kOnes, kOnes, kOnes, kOnes, xf[0][0], xf[0][1]);
+        mma16816(cx, kOnes, kOnes, kOnes, kOnes, xf[1][0], xf[1][1]);
+        static_for<4>([&](auto J) {
+            static_for<2>([&](auto S) {
+                static_for<2>([&](auto W) {
+                    constexpr int j = decltype(J)::value, s = decltype(S)::value, w = decltype(W)::value;
+                    uint32_t a0, a1, a2, a3;
+                    K::template raw<j, s, w>(r[0], a0, a2);
+                    K::template raw<j, s, w>(r[1], a1, a3);
+                    const uint32_t m = msk[2 * j + s];
+                    const uint32_t b0 = xf[w][0] & m, b1 = xf[w][1] & m;
+                    if constexpr (j == 0 && s == 0 && w == 0) mma16816_zero(c, a0, a1, a2, a3, b0, b1);
+                    else mma16816(c, a0, a1, a2, a3, b0, b1);
+                });
+            });
+        });
+        float d1[2][2], nm[2][2];
+        k45_scales(r[0].hdr, sel, d1[0], nm[0]);
+        k45_scales(r[1].hdr, sel, d1[1], nm[1]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float v = fmaf(cx[e], -1024.0f, c[e]);
+            acc[e] = fmaf(d1[e >> 1][e & 1], v, acc[e]);
+            acc[e] = fmaf(nm[e >> 1][e & 1], cx[e], acc[e]);
+        }
+    };
+    auto flush = [&]() {
+        float va = acc[0] + acc[1], vb = acc[2] + acc[3];
+        va += __shfl_xor_sync(0xFFFFFFFFu, va, 1);
+        vb += __shfl_xor_sync(0xFFFFFFFFu, vb, 1);
+        va += __shfl_xor_sync(0xFFFFFFFFu, va, 2);
+        vb += __shfl_xor_sync(0xFFFFFFFFu, vb, 2);
+        const int64_t row = grp * kGroupRows + warp * 16 + g + 8 * (t & 1);
+        if (t < 2 && row < a.n_rows) atomicAdd(a.y + row, t ? vb : va);
+        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+    };
+    // One item (its weights in cur); false at the end of the block's range.
+    auto step = [&](const Row (&cur)[2]) {
+        const bool live = tile_live(grp);
+        if (live) item(cur);
+        if ((kb + 1 == nb || it + 1 == end) && live) flush();
+        if (++it == end) return false;
+        if (++kb == nb) {
+            kb = 0;
+            ++grp;
+            xp -= (int64_t)(nb - 1) * QK;
+        } else {
+            xp += QK;
+        }
+        return true;
+    };
+    while (step(ra)) {
+        advance_load();
+        load(ra);
+    }
+}
+
+template <int QT>
+constexpr bool kColsType = QT == Q4_K || QT == Q5_K;
 
 // ---- the ring kernel (Q8_0, n <= 8, large tensors) ----------------------------------------------
 
@@ -442,6 +686,27 @@ int qmm_config(QmmConfig& out) {
     return LB_OK;
 }
 
+// Blocks per SM of the n = 1 sub-block-column kernel, worked out once per process and device.
+template <int QT>
+int gemv_cols_config(QmmConfig& out) {
+    static std::mutex mu;
+    static QmmConfig cache[kMaxDevices];
+    int dev = 0;
+    LB_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= kMaxDevices) return set_error(LB_ERR_UNSUPPORTED, "qmm: device %d out of range", dev);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!cache[dev].sms) {
+        QmmConfig c;
+        int by_regs = 0;
+        LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
+        LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_kernel<QT>, kThreads, 0));
+        c.grid_per_sm = std::max(by_regs, 1);
+        cache[dev] = c;
+    }
+    out = cache[dev];
+    return LB_OK;
+}
+
 // Launch one configuration: grid = every block that fits at once, capped by the item count.
 // accumulate = 0 zeroes y first (the kernels only add).
 template <int QT, int NT, int MT>
@@ -451,6 +716,17 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
     QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
     QmmConfig c;
+    if constexpr (NT == 1 && MT == 1 && kColsType<QT>) {
+        if (n == 1) {
+            int st = gemv_cols_config<QT>(c);
+            if (st != LB_OK) return st;
+            const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
+            if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
+            LB_CUDA_TRY(launch_pdl(gemv_k45_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0,
+                                   stream, a));
+            return LB_OK;
+        }
+    }
     const bool ring = kRingType<QT, NT> && tensor_bytes(QT, n_rows, k) >= kRingMinBytes;
     int st = ring ? qmm_config<QT, NT, MT, kRingType<QT, NT>>(c) : qmm_config<QT, NT, MT, false>(c);
     if (st != LB_OK) return st;

@@ -85,6 +85,13 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
     return v;
 }
 
+// The 8-byte form, for layouts where a lane's share of a 32-byte group is 8 bytes (qmm.cuh's n = 1 kernel).
+__device__ __forceinline__ uint2 ldg_stream8(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
 // d = lop3(a, b, c) with truth table LUT (0xEA: (a & b) | c). ptxas does not merge `(w & M) | C` for two
 // distinct immediates M and C into one LOP3 (an instruction takes one immediate), so written out each mask
 // and or costs two; here it is one, the second constant living in a register set once per kernel.
