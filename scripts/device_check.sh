@@ -72,7 +72,7 @@ if [[ " $BENCHES " == *" 27b "* ]]; then
 echo "== full random 27B (scripts/device_27b.sh)" | tee -a "$S"
 mkdir -p "$OUT/27b"
 OUT="$OUT/27b" SKIP_WHEELS=1 bash scripts/device_27b.sh > "$OUT/27b/stdout.txt" 2>&1
-grep -E "pp520|tg128|verify23|rc=|^== |^   " "$OUT/27b/summary.txt" | tee -a "$S"
+grep -E "pp520|tg128|verify23|rc=|^== |^   |PDL" "$OUT/27b/summary.txt" | tee -a "$S"
 fi
 
 # at most 8 files come back: everything but the summary and the table goes into one archive

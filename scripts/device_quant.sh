@@ -17,7 +17,7 @@ if [ -z "${LUCEBOX_QMM_LIB:-}" ]; then
     # The library of just the core and these ops (the full `make build` also compiles every other op).
     F="-O3 -std=c++17 -Xcompiler -fPIC,-fvisibility=hidden --expt-relaxed-constexpr -arch=sm_90 -Icuda/include -Icuda/common"
     mkdir -p /tmp/qmm
-    for f in cuda/core/errors.cu cuda/ops/gemv_q.cu cuda/ops/gemm_q_smalln.cu cuda/ops/quant_repack.cu \
+    for f in cuda/core/errors.cu cuda/core/pdl.cu cuda/ops/gemv_q.cu cuda/ops/gemm_q_smalln.cu cuda/ops/quant_repack.cu \
         cuda/ops/dev_buffers.cu; do nvcc $F -c $f -o /tmp/qmm/$(basename $f).o & done
     wait
     nvcc -shared -cudart static -arch=sm_90 /tmp/qmm/*.o -o /tmp/qmm/libqmm.so || exit 1
