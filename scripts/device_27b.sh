@@ -72,16 +72,16 @@ if [ -z "${SKIP_PROFILE:-}" ]; then  # kernel timeline of one step and one verif
   grep -E "^== |^   " "$OUT/profile27.log" | head -40 | tee -a "$S"
 fi
 
-if [ -n "${AB_PDL:-}" ]; then  # AB_PDL=1: the same bench (no depth row) with programmatic dependent launch off
-  echo "== bench speed, LUCEBOX_PDL=0 (A/B)" | tee -a "$S"
-  LUCEBOX_PDL=0 timeout "${BENCH_TIMEOUT:-220}" "${LB[@]}" bench speed "$F" --engine cuda -p 520 -n 128 --verify-n 23 -r 3 \
+if [ -n "${AB_PDL:-}" ]; then  # AB_PDL=1: the same bench (no depth row) with the PDL experiment on
+  echo "== bench speed, LUCEBOX_PDL=1 (A/B)" | tee -a "$S"
+  LUCEBOX_PDL=1 timeout "${BENCH_TIMEOUT:-220}" "${LB[@]}" bench speed "$F" --engine cuda -p 520 -n 128 --verify-n 23 -r 3 \
     --json > "$OUT/bench27_nopdl.json" 2> "$OUT/bench27_nopdl.log"
-  echo "bench (PDL off) rc=$?" | tee -a "$S"
+  echo "bench (PDL on) rc=$?" | tee -a "$S"
   python3 - "$OUT/bench27_nopdl.json" <<'PY' 2>> "$OUT/bench27_nopdl.log" | tee -a "$S"
 import json, sys
 for r in json.load(open(sys.argv[1])):
     extra = " | verify %.2f ms = %.2f AR steps" % (r["verify_ms"], r["verify_in_steps"]) if r.get("verify_ms") else ""
-    print("%14s %9.2f ± %.2f tok/s (PDL off)%s" % (r["test"], r["tok_s"], r["sd"], extra))
+    print("%14s %9.2f ± %.2f tok/s (PDL on)%s" % (r["test"], r["tok_s"], r["sd"], extra))
 PY
 fi
 

@@ -14,8 +14,17 @@
 //      be visible.
 // Kernels launched the classic way (<<<>>>) and memsets/copies keep full stream order, before and after.
 // On sm_86 (no griddepcontrol) both calls compile to nothing and launch_pdl() launches without the
-// attribute. lb_set_pdl(0) (or LUCEBOX_PDL=0 in the environment) turns the attribute off everywhere, for
-// A/B measurements and to rule PDL out when chasing a wrong result.
+// attribute.
+//
+// STATUS: off by default, an experiment (lb_set_pdl(1) or LUCEBOX_PDL=1 turns it on). Measured on the H200
+// (docs/perf.md, "27B launch overhead"): with the trigger at the top of every kernel the 27B step got
+// slower, not faster (dependents parked on the SMs while their predecessors drained), and with PDL on the
+// engine's verify through the staged small-N kernel gave wrong logits, which is why that kernel now launches
+// the classic way. Suspected, not shown: activations read through the non-coherent path (__ldg,
+// const __restrict__), whose contract is "read-only for the kernel's lifetime" — under PDL a kernel lives
+// while its predecessor still writes them. Whoever resumes this: trigger late (after the main loop), read
+// activations with coherent loads, and make tests/gpu/test_dflash_pdl.py's on/off check pass
+// (LUCEBOX_TEST_PDL=1).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -276,7 +276,12 @@ int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int 
     if (st != LB_OK) return st;
     const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
     if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows * n, stream));
-    LB_CUDA_TRY(launch_pdl(qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit>, dim3((unsigned)grid), dim3(W * 32), 0, stream, a));
+    // The classic launch even when PDL is turned on (lb_set_pdl): launched with the attribute, the 27B
+    // engine's verify gave wrong logits on the H200 while the same calls in isolation and the register
+    // kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect). Its pdl_wait/pdl_trigger
+    // then do nothing.
+    qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit><<<(unsigned)grid, W * 32, 0, stream>>>(a);
+    LB_LAUNCH_TRY();
     return LB_OK;
 }
 

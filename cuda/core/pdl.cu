@@ -11,7 +11,10 @@ namespace {
 constexpr int kMaxDevices = 64;
 // -1: not asked yet; 0/1: the device's answer (compute capability >= 9.0)
 std::atomic<int> g_device_cc9[kMaxDevices];
-// 1 on, 0 off; the first use reads LUCEBOX_PDL (unset or anything but "0": on)
+// 1 on, 0 off; the first use reads LUCEBOX_PDL ("1": on; unset or anything else: off). Off by default
+// since the H200 run of 32a4546: with every kernel triggering at its top, the 27B decode step was slower
+// (63 vs 94 tok/s: dependents parked on the SMs while their predecessors drained) and the engine's
+// verify gave wrong logits with the staged small-N kernel (docs/perf.md, "27B launch overhead").
 std::atomic<int> g_mode{-1};
 
 struct InitDevices {
@@ -24,7 +27,7 @@ int mode() {
     int m = g_mode.load(std::memory_order_relaxed);
     if (m < 0) {
         const char* env = std::getenv("LUCEBOX_PDL");
-        m = (env && std::strcmp(env, "0") == 0) ? 0 : 1;
+        m = (env && std::strcmp(env, "1") == 0) ? 1 : 0;
         int expected = -1;
         g_mode.compare_exchange_strong(expected, m);
         m = g_mode.load();

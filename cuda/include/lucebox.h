@@ -83,10 +83,10 @@ LB_API int lb_device_props(int dev, lb_device_props_t* out);
 /* CUDA driver and runtime versions as CUDA encodes them (13000 = 13.0); driver 0 = no driver. */
 LB_API int lb_cuda_versions(int* driver_version, int* runtime_version);
 
-/* Programmatic dependent launch (cuda/common/lb_pdl.cuh): on = 1 lets the ops that support it overlap
- * the start of a kernel with the end of the one before it (sm_90+; elsewhere nothing changes); 0 launches
- * every kernel the classic way. Default on, or off when LUCEBOX_PDL=0 at the first launch. Returns the
- * previous setting. Needs no GPU. */
+/* Programmatic dependent launch (cuda/common/lb_pdl.cuh), an experiment, OFF by default: on = 1 lets the
+ * ops that support it overlap the start of a kernel with the end of the one before it (sm_90+); measured
+ * slower on the 27B step, and not yet correct with every op (see lb_pdl.cuh). LUCEBOX_PDL=1 at the first
+ * launch turns it on. Returns the previous setting. Needs no GPU. */
 LB_API int lb_set_pdl(int on);
 
 /* ================================================================================================

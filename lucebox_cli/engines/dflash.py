@@ -16,8 +16,9 @@ Weights are uploaded tensor by tensor from the memory-mapped GGUF into one arena
 on the host, engines/dflash_upload.py); the embedding of an untied model stays on the host. The layer
 sequence is engines/dflash_layers.py. The kernels run on the engine's own stream (lb_stream_create:
 default flags, so it synchronises with the legacy default stream and the blocking lb_dev_* copies
-still order themselves against the kernels); on it, kernels launched with programmatic dependent
-launch overlap their boundaries (cuda/common/lb_pdl.cuh; LUCEBOX_PDL=0 turns that off).
+still order themselves against the kernels). Programmatic dependent launch (cuda/common/lb_pdl.cuh) is an
+experiment, off by default (LUCEBOX_PDL=1 turns it on): it measured slower and is not yet right with
+every op.
 
 What is not built yet, said rather than hidden: prefill runs in chunks of 64 rows through the small-N
 quantized GEMM (the tensor-core GEMM for quantized weights does not exist yet), logits come back to
