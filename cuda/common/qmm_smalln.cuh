@@ -1,4 +1,5 @@
-// Small-N quantized GEMM for tree-verify widths (n = 2..32): Y[N, n] (+)= W[N, K] · X[K, n], the same
+// Small-N quantized GEMM for tree-verify widths (n = 2..32) and, opt-in, the 27B prefill's 64-row chunks
+// (n = 33..64, NT = 6 or 8: "small-N v2" in docs/perf.md): Y[N, n] (+)= W[N, K] · X[K, n], the same
 // items, dequantization (Traits<QT> of quant_blocks.cuh), fp16 x fragments, fp32 accumulation, stream-K
 // split and fp32-atomic flush as qmm.cuh; only where the B fragments (x) come from differs.
 //
@@ -18,6 +19,12 @@
 // (column g = lane >> 2, word u = lane & 3) of one 16-k group, i.e. 8 columns × 64 contiguous bytes of x
 // (full 32-byte sectors from L2), landing at 16 distinct 8-byte slots per half-warp; the reading warp's
 // 32 lanes still cover one 256-byte row.
+//
+// At NT = 6 and 8 (n = 33..64) a buffer is 24 / 32 KB, so the two take 48 / 64 KB: over the 48 KB of static
+// shared memory at NT = 8, which therefore uses dynamic shared memory (smalln_dynamic_smem; the launch opts
+// in with cudaFuncSetAttribute). The staging then loads its x in passes of a few column tiles (XStager::
+// kPass) so that the loaded float4s do not sit on top of 64 accumulators; at NT <= 4 it is one pass, the
+// code of the n <= 32 instances unchanged.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,11 +63,25 @@ __device__ __forceinline__ void smalln_group(int grp, int& q4, int& t) {
                 }
 }
 
+// Column tiles one staging pass loads before it converts and stores: the largest divisor of NT whose
+// loads take at most `cap` float4 registers per thread. The kernel asks for 16 at NT <= 4 (one pass in
+// every n <= 32 instance: NT <= 4, groups <= 4), else 8 (32 registers): at NT = 8 the 64-128 registers of
+// a one-pass staging would compete with the 32-64 accumulators and the next item's weights.
+constexpr int smalln_pass(int nt, int groups, int cap) {
+    int d = nt;
+    while (d > 1 && (nt % d != 0 || groups * d > cap)) --d;
+    return d;
+}
+
+// Whether the double-buffered x of NT column tiles exceeds the 48 KB of static shared memory.
+constexpr bool smalln_dynamic_smem(int nt) { return 2 * kSmallnSteps * nt * 32 * 8 > 48 * 1024; }
+constexpr size_t smalln_smem_bytes(int nt) { return (size_t)2 * kSmallnSteps * nt * 32 * 8; }
+
 // One thread's share of staging an item's x into a buffer: for each of its 16/W groups (grp = warp + W·i)
 // and each column tile, 4 consecutive floats of column 8·ct + g (16 bytes, one LDG.128) → one uint2.
 // kPack (the split kernel, whose W = 4 shapes are at their register cap): the destinations 16 bits each, two
 // per register, and the column stride in 32 bits; elsewhere the plain form (which allocates better there).
-template <int QT, int NT, int W, bool kPack>
+template <int QT, int NT, int W, bool kPack, int kPassCap = 16>
 struct XStager {
     static constexpr int kGroups = kSmallnSteps / W;  // 16-k groups per warp
     static constexpr int kWords = kPack ? (kGroups + 1) / 2 : kGroups;
@@ -88,25 +109,29 @@ struct XStager {
         if constexpr (kPack) return (dst[i / 2] >> (16 * (i % 2))) & 0xFFFF;
         else return (int)dst[i];
     }
-    // Loads first, then converts and stores, so the 16/W·NT loads are in flight together. Columns ≥ n
-    // stage zeros (their results are never stored; nothing past x's end is read).
+    static constexpr int kPass = smalln_pass(NT, kGroups, kPassCap);  // column tiles per pass (NT at n <= 32)
+    // Loads first, then converts and stores, so the 16/W·kPass loads of a pass are in flight together.
+    // Columns ≥ n stage zeros (their results are never stored; nothing past x's end is read).
     __device__ __forceinline__ void stage(int kb, int n, uint2* buf) const {
-        float4 v[kGroups][NT];
         const float* p = xl + kb * QK;
 #pragma unroll
-        for (int ct = 0; ct < NT; ++ct) {
+        for (int c0 = 0; c0 < NT; c0 += kPass) {
+            float4 v[kGroups][kPass];
 #pragma unroll
-            for (int i = 0; i < kGroups; ++i)
-                v[i][ct] = 8 * ct + g < n ? __ldg(reinterpret_cast<const float4*>(p + 16 * W * i))
-                                          : make_float4(0.f, 0.f, 0.f, 0.f);
-            p += col_stride;
+            for (int ct = 0; ct < kPass; ++ct) {
+#pragma unroll
+                for (int i = 0; i < kGroups; ++i)
+                    v[i][ct] = 8 * (c0 + ct) + g < n ? __ldg(reinterpret_cast<const float4*>(p + 16 * W * i))
+                                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+                p += col_stride;
+            }
+#pragma unroll
+            for (int ct = 0; ct < kPass; ++ct)
+#pragma unroll
+                for (int i = 0; i < kGroups; ++i)
+                    buf[dst_of(i) + 32 * (c0 + ct)] = make_uint2(h2_bits(__floats2half2_rn(v[i][ct].x, v[i][ct].z)),
+                                                              h2_bits(__floats2half2_rn(v[i][ct].y, v[i][ct].w)));
         }
-#pragma unroll
-        for (int ct = 0; ct < NT; ++ct)
-#pragma unroll
-            for (int i = 0; i < kGroups; ++i)
-                buf[dst_of(i) + 32 * ct] = make_uint2(h2_bits(__floats2half2_rn(v[i][ct].x, v[i][ct].z)),
-                                                   h2_bits(__floats2half2_rn(v[i][ct].y, v[i][ct].w)));
     }
 };
 
@@ -177,7 +202,12 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
     static_assert(kSmallnSteps % W == 0, "W must divide the 16 staging groups");
     constexpr int kGroupRows = W * MT * 16;
     constexpr int kBuf = kSmallnSteps * NT * 32;  // uint2 per buffer
-    __shared__ uint2 xs[2][kBuf];
+    // static where the two buffers fit in 48 KB (every n <= 32 instance), else the dynamic allocation the
+    // launch sizes (smalln_smem_bytes): then the static array is a dummy of one entry
+    constexpr bool kDyn = smalln_dynamic_smem(NT);
+    extern __shared__ uint2 xs_dyn[];
+    __shared__ uint2 xs_static[kDyn ? 1 : 2][kDyn ? 1 : kBuf];
+    uint2 (&xs)[2][kBuf] = *reinterpret_cast<uint2 (*)[2][kBuf]>(kDyn ? xs_dyn : &xs_static[0][0]);
     pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -194,7 +224,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
 
     typename Tr::Row rr[MT][2];
     if (row0 < a.n_rows) smalln_load<QT, MT>(a, row0, kb, g, t, rr);  // weights: never written by a predecessor
-    const XStager<QT, NT, W, kSplit> xst(a, warp, lane);
+    const XStager<QT, NT, W, kSplit, NT <= 4 ? 16 : 8> xst(a, warp, lane);
     pdl_wait();  // x (and y, below) may be the previous kernel's output
     xst.stage(kb, a.n, xs[0]);
     __syncthreads();
@@ -255,7 +285,12 @@ int smalln_config(QmmConfig& out) {
         QmmConfig c;
         int per_sm = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-        LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit>, W * 32, 0));
+        const auto kernel = qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit>;
+        constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
+        // over 48 KB of dynamic shared memory needs the opt-in (per device, hence here)
+        if constexpr (smem > 0)
+            LB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, W * 32, smem));
         c.grid_per_sm = std::max(per_sm, 1);
         cache[dev] = c;
     }
@@ -264,7 +299,7 @@ int smalln_config(QmmConfig& out) {
 }
 
 // grid = every block that fits at once, capped by the item count; accumulate = 0 zeroes y first (the
-// kernel only adds). n must be ≤ 8·NT.
+// kernel only adds). n must be ≤ 8·NT (≤ 64).
 template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false>
 int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                       cudaStream_t stream) {
@@ -280,7 +315,8 @@ int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int 
     // engine's verify gave wrong logits on the H200 while the same calls in isolation and the register
     // kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect). Its pdl_wait/pdl_trigger
     // then do nothing.
-    qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit><<<(unsigned)grid, W * 32, 0, stream>>>(a);
+    constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
+    qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit><<<(unsigned)grid, W * 32, smem, stream>>>(a);
     LB_LAUNCH_TRY();
     return LB_OK;
 }

@@ -3,7 +3,9 @@
 // n = 2..32 run the x-staged kernel of cuda/common/qmm_smalln.cuh (x converted to fp16 B fragments once
 // per block and item in shared memory); n = 1 and n > 32 the register kernel of cuda/common/qmm.cuh,
 // whose column tiles of 8 (NT) are instantiated for n ≤ 8, 16, 24, 32, 48, 64. lb_qmm_smalln_select
-// switches between the two (and between the staged kernel's launch shapes) for A/B measurements.
+// switches between the two (and between the staged kernel's launch shapes) for A/B measurements; its
+// values 8..11 run n = 33..64 (the 27B prefill's chunks) through the staged kernel too ("small-N v2",
+// docs/perf.md: written, not yet run on a GPU, so not the shipped choice).
 #include <atomic>
 
 #include "lb_check.cuh"
@@ -15,7 +17,11 @@ namespace {
 using namespace lb::q;
 
 // 0: the shipped choice (shipped_shape); 1: qmm.cuh's register kernel for every n (the path before
-// qmm_smalln.cuh); 2..7: the staged kernel at n = 2..32 in launch shape A..F (see staged_launch).
+// qmm_smalln.cuh); 2..7: the staged kernel at n = 2..32 in launch shape A..F (see staged_launch);
+// 8, 9: the shipped choice at n <= 32 and the staged kernel at n = 33..64 in shape G, H (see wide_launch)
+// with 6 column tiles up to n = 48 and 8 above; 10, 11: the same shapes with 8 column tiles at every n =
+// 33..64 (to measure whether NT = 6 pays at n = 33..48).
+constexpr int kSelectMax = 11;
 std::atomic<int> g_select{0};
 
 // The register kernel (qmm.cuh) for every n.
@@ -76,10 +82,40 @@ int staged_or_register(int sel, const void* w, int64_t n_rows, int k, const floa
     return staged_launch<QT, NT>(shape, w, n_rows, k, x, n, y, accumulate, s);
 }
 
+// Launch shapes of the staged kernel at n = 33..64 (NT = 6 or 8 column tiles; docs/perf.md "small-N v2").
+// Each warp dequantizes an item's A fragments once and issues NT mma per k-step from them (smalln_item), so
+// what grows with n is the mma issue and the shared-memory B reads: one LDS.64 per lane (256 B per warp)
+// feeds MT mma, i.e. 256/MT bytes per mma, which at MT = 1 and n = 64 is about the SM's shared-memory
+// bandwidth at the HBM rate; hence G's two row tiles. x comes from L2 at 256·n·4 B per block-item, which
+// favours tall row groups (both shapes: 256 rows).
+//   G 2×8×1  (8 warps in one block, ≤ 255 registers: 228-248 used, one block per SM by registers)
+//   H 1×16×1 (16 warps in one block, ≤ 128 registers: 118-128 used)
+// Dropped before any run because ptxas spilled (sm_86 or sm_90, 4-48 bytes): 2×4×2 (128-row groups,
+// 4-warp blocks, at 255 registers for NT 6 and 8) and 1×8×2 (Q4_K NT 8 on sm_86, Q6_K NT 6 on sm_90).
+template <int QT, int NT>
+int wide_launch(int shape, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                cudaStream_t s) {
+    if (shape == 1) return qmm_smalln_launch<QT, NT, 1, 16, 1>(w, n_rows, k, x, n, y, accumulate, s);
+    return qmm_smalln_launch<QT, NT, 2, 8, 1>(w, n_rows, k, x, n, y, accumulate, s);
+}
+
+// n = 33..64 under select 8..11.
+template <int QT>
+int wide_dispatch(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                  cudaStream_t s) {
+    const int shape = (sel - 8) & 1;
+    if (sel < 10 && n <= 48) return wide_launch<QT, 6>(shape, w, n_rows, k, x, n, y, accumulate, s);
+    return wide_launch<QT, 8>(shape, w, n_rows, k, x, n, y, accumulate, s);
+}
+
 template <int QT>
 int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                     cudaStream_t s) {
-    const int sel = g_select.load(std::memory_order_relaxed);
+    int sel = g_select.load(std::memory_order_relaxed);
+    if (sel >= 8) {
+        if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
+        sel = 0;  // n <= 32: the shipped choice
+    }
     if (sel == 1 || n == 1 || n > 32) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s);
     if (n <= 8) return staged_or_register<QT, 1>(sel, w, n_rows, k, x, n, y, accumulate, s);
     if (n <= 16) return staged_or_register<QT, 2>(sel, w, n_rows, k, x, n, y, accumulate, s);
@@ -103,7 +139,8 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
 }
 
 extern "C" LB_API int lb_qmm_smalln_select(int which) {
-    if (which < 0 || which > 7) return lb::set_error(LB_ERR_INVALID_ARG, "%s: which = %d, need 0..7", __func__, which);
+    if (which < 0 || which > kSelectMax)
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: which = %d, need 0..%d", __func__, which, kSelectMax);
     g_select.store(which, std::memory_order_relaxed);
     return LB_OK;
 }
