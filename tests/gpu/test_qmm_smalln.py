@@ -1,4 +1,5 @@
-"""The x-staged small-N kernel (cuda/common/qmm_smalln.cuh, lb_gemm_q_smalln at n = 2..32) against the float64
+"""The x-staged small-N kernel (cuda/common/qmm_smalln.cuh, lb_gemm_q_smalln at n = 2..32, and n = 33..64 under
+select 8..11: "small-N v2", not yet run on a GPU when these tests were written) against the float64
 reference of test_quant_gemv.py, in every launch shape lb_qmm_smalln_select offers (and the register kernel it
 replaces, as a control).
 
@@ -7,8 +8,9 @@ Every type, odd row counts, K a multiple of 256 with an odd block count, each co
 1 (output preset to a random vector), plus shapes with several items per block (flushes mid-range, both x
 buffers, row-group wrap). Results of the stream-K atomics are compared by relative RMS error, like the others.
 
-Script mode: `python tests/gpu/test_qmm_smalln.py [--bench]`; --bench prints n = 1 vs n = 23 (every kernel) on
-the 27B shapes, and the other widths at ffn_down.
+Script mode: `python tests/gpu/test_qmm_smalln.py [--bench]`; --bench prints n = 64 (register kernel vs each v2
+shape) on the 27B shapes and n = 33..57 at ffn_down, then n = 1 vs n = 23 (every kernel) on the 27B shapes, and
+the other widths at ffn_down.
 """
 
 from __future__ import annotations
@@ -23,15 +25,21 @@ from test_quant_gemv import QTYPES, TOL, Dev, case, lib, rel_rms
 
 pytestmark = pytest.mark.gpu
 
-# lb_qmm_smalln_select: 0 shipped, 1 register kernel (qmm.cuh), 2..7 staged shapes A..F
+# lb_qmm_smalln_select: 0 shipped, 1 register kernel (qmm.cuh), 2..7 staged shapes A..F at n <= 32; 8..11 the
+# staged kernel at n = 33..64 ("small-N v2", shapes G, H; NT 6 up to n = 48 under 8/9, NT 8 always under 10/11)
 SELECT = {0: "shipped", 1: "register", 2: "staged A 2x8", 3: "staged B 2x4", 4: "staged C 1x16", 5: "staged D 1x8",
           6: "staged E 2x4 split", 7: "staged F 2x8 split"}
+WIDE_SELECT = {8: "v2 G 2x8", 9: "v2 H 1x16", 10: "v2 G 2x8 NT8", 11: "v2 H 1x16 NT8"}
+SELECT_MAX = 11
 NS = [2, 7, 9, 16, 23, 24, 31, 32]
+# n = 33..64: each NT 6 / NT 8 edge and the prefill's 64
+WIDE_NS = [33, 41, 48, 57, 64]
 # (301, 7 blocks): one item per block, partial last row group; (4099, 16 blocks): 2-4 items per block in every
 # shape (272 / 528 items on 132-396 blocks), so blocks flush mid-range and use both x buffers.
 SHAPES = [(301, 256 * 7), (4099, 256 * 16)]
 # the 27B FFN shape: ~10 items per block, several row-group wraps per block
 MANY_ITEMS_SHAPE = (17408, 5120)
+NAMES = {**SELECT, **WIDE_SELECT}
 
 
 def select(which: int) -> None:
@@ -63,7 +71,7 @@ def errors(qt: str, rows: int, k: int, ns, selects) -> list[tuple[int, int, int,
                         finally:
                             yd.close()
                         bad = int((~np.isfinite(got)).sum())
-                        assert not bad, f"{qt} N{rows} K{k} n={n} {SELECT[sel]} acc={acc}: {bad} NaN/unwritten outputs"
+                        assert not bad, f"{qt} N{rows} K{k} n={n} {NAMES[sel]} acc={acc}: {bad} NaN/unwritten outputs"
                         out.append((sel, n, acc, rel_rms(got - y0 if acc else got, prod)))
             finally:
                 xd.close()
@@ -74,7 +82,7 @@ def errors(qt: str, rows: int, k: int, ns, selects) -> list[tuple[int, int, int,
 
 def check(qt, rows, k, ns, selects):
     errs = errors(qt, rows, k, ns, selects)
-    bad = [f"{SELECT[s]} n={n} acc={a}: {e:.2e}" for s, n, a, e in errs if not e < TOL]
+    bad = [f"{NAMES[s]} n={n} acc={a}: {e:.2e}" for s, n, a, e in errs if not e < TOL]
     assert not bad, f"{qt} N{rows} K{k}: relative RMS over {TOL}: " + "; ".join(bad)
 
 
@@ -89,11 +97,30 @@ def test_staged_smalln_many_items(qt):
     check(qt, *MANY_ITEMS_SHAPE, [9, 23, 32], [0, 2, 3, 4, 5, 6, 7])
 
 
+# small-N v2: n = 33..64 through the staged kernel (every new select value), the register kernel (select 0 and
+# 1) as the control; the n <= 32 widths under the new values must still be the shipped choice.
+@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("rows,k", SHAPES, ids=[f"N{r}-K{k}" for r, k in SHAPES])
+def test_staged_wide(qt, rows, k):
+    check(qt, rows, k, WIDE_NS, [0, 1, *WIDE_SELECT])
+
+
+@pytest.mark.parametrize("qt", list(QTYPES))
+def test_staged_wide_many_items(qt):
+    check(qt, *MANY_ITEMS_SHAPE, [41, 64], list(WIDE_SELECT))
+
+
+def test_wide_selects_keep_small_n_shipped():
+    check("Q4_K", 301, 256 * 7, [2, 23, 32], list(WIDE_SELECT))
+
+
 def test_select_rejects_unknown():
     from lucebox_cli.errors import LuceboxError
 
-    with pytest.raises(LuceboxError, match="0..7"):
-        select(8)
+    with pytest.raises(LuceboxError, match=f"0..{SELECT_MAX}"):
+        select(SELECT_MAX + 1)
+    with pytest.raises(LuceboxError):
+        select(-1)
 
 
 # ---- bench (script mode) ---------------------------------------------------------------------------
@@ -132,6 +159,30 @@ def bench(out=print) -> None:
         sys.stdout.flush()
 
 
+WIDE_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]
+
+
+def bench_wide(out=print) -> None:
+    """small-N v2: n = 64 (the prefill chunk) on the 27B shapes, register kernel (select 0 = shipped) against each
+    new shape; n = 41/48 at ffn_down for NT 6 (8, 9) against NT 8 (10, 11)."""
+    sels = [0, *WIDE_SELECT]
+    head = "| type | tensor | N×K | n | n = 1 µs | " + " | ".join(f"{NAMES[s]} µs" for s in sels) + " | best / register |"
+    out(head)
+    out("|" + "---|" * (head.count("|") - 1))
+    cases = [("Q4_K", name, r, k, 64) for name, r, k in WIDE_BENCH_SHAPES]
+    cases += [(qt, name, r, k, 64) for qt in ("Q5_K", "Q6_K") for name, r, k in WIDE_BENCH_SHAPES[:3]]
+    cases += [("Q8_0", "ffn_down", 5120, 17408, 64)]
+    cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q4_K", "Q6_K") for n in (33, 41, 48, 57)]
+    one = {}
+    for qt, name, r, k, n in cases:
+        if (qt, r, k) not in one:
+            one[(qt, r, k)] = bench_us(qt, r, k, 1, 0)
+        us = [bench_us(qt, r, k, n, s) for s in sels]
+        out(f"| {qt} | {name} | {r}×{k} | {n} | {one[(qt, r, k)]:.1f} | " + " | ".join(f"{u:.1f}" for u in us)
+            + f" | {min(us[1:]) / us[0]:.2f} |")
+        sys.stdout.flush()
+
+
 def _main(argv: list[str]) -> int:
     failed = 0
     if "--bench-only" not in argv:
@@ -139,11 +190,13 @@ def _main(argv: list[str]) -> int:
             for rows, k in SHAPES:
                 try:
                     check(qt, rows, k, NS, list(SELECT))
+                    check(qt, rows, k, WIDE_NS, [0, 1, *WIDE_SELECT])
                     print(f"PASS {qt} N{rows} K{k}", flush=True)
                 except AssertionError as exc:
                     failed += 1
                     print(f"FAIL {exc}", flush=True)
     if "--bench" in argv or "--bench-only" in argv:
+        bench_wide()  # first: the new rows matter most if the run is cut short
         bench()
     print(f"{failed} failed")
     return 1 if failed else 0
