@@ -23,12 +23,16 @@ S="$OUT/summary.txt"
 { echo "commit $LUCEBOX_GIT_COMMIT"; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader; } | tee "$S"
 
 lib=${LUCEBOX_BUILD_DIR:-build}/$PROFILE/liblucebox.so
-if [ -f "$lib" ] && python3 - "$lib" <<'PY'
-import ctypes, json, sys
-lib = ctypes.CDLL(sys.argv[1]); lib.lb_build_info.restype = ctypes.c_char_p
-print("carried library:", json.loads(lib.lb_build_info())["commit"])
+if [ -f "$lib" ]; then
+  # the library must export every function of this tree's C ABI table (a library built from another commit
+  # than the tree the device tool copied wastes the whole call): refuse in seconds, before any test
+  python3 - "$lib" <<'PY' || { echo "the carried $lib does not match this tree (see above): build it from this commit" | tee -a "$S"; exit 1; }
+import sys
+from pathlib import Path
+from lucebox_cli.engines._lib import open_lib
+print("carried library:", open_lib(Path(sys.argv[1])).build_info()["commit"])
 PY
-then echo "using the carried $lib" | tee -a "$S"
+  echo "using the carried $lib" | tee -a "$S"
 else
   echo "== build" | tee -a "$S"
   make build PROFILE="$PROFILE" PY=python3 -j"$(nproc)" >> "$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }
