@@ -139,24 +139,29 @@ def bench_us(qt: str, rows: int, k: int, n: int, sel: int, iters: int = 50) -> f
         select(0)
 
 
-def bench(out=print) -> None:
-    sels = [0, 1, 2, 3, 4, 5, 6, 7]
-    head = "| type | tensor | N×K | n | n = 1 µs | " + " | ".join(f"{SELECT[s]} µs" for s in sels) + " | shipped / n = 1 |"
+def _bench_table(out, sels, names, cases, last_head, last_col) -> None:
+    """One markdown row per (type, tensor, rows, K, n) case: the n = 1 time (measured once per tensor), the time
+    of each select, and last_col(times) (a ratio)."""
+    head = "| type | tensor | N×K | n | n = 1 µs | " + " | ".join(f"{names[s]} µs" for s in sels) + f" | {last_head} |"
     out(head)
     out("|" + "---|" * (head.count("|") - 1))
-    cases = [("Q4_K", name, r, k, 23) for name, r, k in BENCH_SHAPES]
-    cases += [(qt, "ffn_down", 5120, 17408, 23) for qt in ("Q5_K", "Q6_K", "Q8_0")]
-    cases += [("Q6_K", "attn_qkv", 10240, 5120, 23)]
-    cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q4_K", "Q6_K") for n in (2, 8, 16, 24, 32)]
-    cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q5_K", "Q8_0") for n in (8, 16, 32)]
     one = {}
     for qt, name, r, k, n in cases:
         if (qt, r, k) not in one:
             one[(qt, r, k)] = bench_us(qt, r, k, 1, 0)
         us = [bench_us(qt, r, k, n, s) for s in sels]
         out(f"| {qt} | {name} | {r}×{k} | {n} | {one[(qt, r, k)]:.1f} | " + " | ".join(f"{u:.1f}" for u in us)
-            + f" | {us[0] / one[(qt, r, k)]:.2f} |")
+            + f" | {last_col(us, one[(qt, r, k)]):.2f} |")
         sys.stdout.flush()
+
+
+def bench(out=print) -> None:
+    cases = [("Q4_K", name, r, k, 23) for name, r, k in BENCH_SHAPES]
+    cases += [(qt, "ffn_down", 5120, 17408, 23) for qt in ("Q5_K", "Q6_K", "Q8_0")]
+    cases += [("Q6_K", "attn_qkv", 10240, 5120, 23)]
+    cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q4_K", "Q6_K") for n in (2, 8, 16, 24, 32)]
+    cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q5_K", "Q8_0") for n in (8, 16, 32)]
+    _bench_table(out, [0, 1, 2, 3, 4, 5, 6, 7], SELECT, cases, "shipped / n = 1", lambda us, one: us[0] / one)
 
 
 WIDE_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]
@@ -165,22 +170,11 @@ WIDE_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]
 def bench_wide(out=print) -> None:
     """small-N v2: n = 64 (the prefill chunk) on the 27B shapes, register kernel (select 0 = shipped) against each
     new shape; n = 41/48 at ffn_down for NT 6 (8, 9) against NT 8 (10, 11)."""
-    sels = [0, *WIDE_SELECT]
-    head = "| type | tensor | N×K | n | n = 1 µs | " + " | ".join(f"{NAMES[s]} µs" for s in sels) + " | best / register |"
-    out(head)
-    out("|" + "---|" * (head.count("|") - 1))
     cases = [("Q4_K", name, r, k, 64) for name, r, k in WIDE_BENCH_SHAPES]
     cases += [(qt, name, r, k, 64) for qt in ("Q5_K", "Q6_K") for name, r, k in WIDE_BENCH_SHAPES[:3]]
     cases += [("Q8_0", "ffn_down", 5120, 17408, 64)]
     cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q4_K", "Q6_K") for n in (33, 41, 48, 57)]
-    one = {}
-    for qt, name, r, k, n in cases:
-        if (qt, r, k) not in one:
-            one[(qt, r, k)] = bench_us(qt, r, k, 1, 0)
-        us = [bench_us(qt, r, k, n, s) for s in sels]
-        out(f"| {qt} | {name} | {r}×{k} | {n} | {one[(qt, r, k)]:.1f} | " + " | ".join(f"{u:.1f}" for u in us)
-            + f" | {min(us[1:]) / us[0]:.2f} |")
-        sys.stdout.flush()
+    _bench_table(out, [0, *WIDE_SELECT], NAMES, cases, "best / register", lambda us, one: min(us[1:]) / us[0])
 
 
 def _main(argv: list[str]) -> int:
