@@ -66,10 +66,10 @@ grep -E "^(error|hint)|Error|Traceback" "$OUT/bench27.log" | head -6 | tee -a "$
 
 if [ -z "${SKIP_PROFILE:-}" ]; then  # kernel timeline of one step and one verify (torch.profiler; SKIP_PROFILE=1 skips)
   echo "== kernel timeline (scripts/profile_27b_step.py)" | tee -a "$S"
-  timeout "${PROFILE_TIMEOUT:-90}" python3 scripts/profile_27b_step.py "$F" --json "$OUT/profile27.json" \
+  timeout "${PROFILE_TIMEOUT:-90}" python3 scripts/profile_27b_step.py "$F" --prefill-selects "${PREFILL_SELECTS:-0}" --json "$OUT/profile27.json" \
     > "$OUT/profile27.log" 2>&1
   echo "profile rc=$?" | tee -a "$S"
-  grep -E "^== |^   " "$OUT/profile27.log" | head -40 | tee -a "$S"
+  grep -E "^== |^   " "$OUT/profile27.log" | head -90 | tee -a "$S"
 fi
 
 if [ -n "${AB_PDL:-}" ]; then  # AB_PDL=1: the same bench (no depth row) with the PDL experiment on

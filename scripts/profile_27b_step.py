@@ -59,6 +59,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json")
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=520)
+    ap.add_argument("--prefill-selects", default="0",
+                    help="comma list of lb_qmm_smalln_select values to time one prefill of --prompt tokens under "
+                         "(A/B of the small-N kernels the 64-row prefill chunks run through); empty: no prefill")
     a = ap.parse_args(argv)
 
     import numpy as np
@@ -92,6 +95,22 @@ def main(argv: list[str]) -> int:
             greedy_verify(eng, tree)
         wall = (time.perf_counter() - t0) / a.reps * 1e3
     out.append(_summary("verify 23", wall, _events(prof), a.reps))
+
+    for sel in [int(v) for v in a.prefill_selects.split(",") if v.strip()]:
+        eng.lib.call("lb_qmm_smalln_select", sel)
+        eng.reset()
+        eng.prefill(prompt)  # warm-up under this select
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(2):
+                eng.reset()
+                eng.prefill(prompt)
+            wall = (time.perf_counter() - t0) / 2 * 1e3
+        res = _summary(f"prefill {a.prompt} (small-N select {sel}; {a.prompt / wall * 1e3:.0f} tok/s)", wall,
+                       _events(prof), 2)
+        res["select"] = sel
+        out.append(res)
+    eng.lib.call("lb_qmm_smalln_select", 0)
     eng.close()
     if a.json:
         json.dump(out, open(a.json, "w"), indent=1)
