@@ -155,11 +155,11 @@ LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int k, const f
  * to cover twice the L2 (so it measures HBM), accumulate = 1 (kernels only). Blocks. */
 LB_API int lb_bench_qmm(int qtype, int n_rows, int k, int n, int iters, float* ms_out);
 /* Which kernel lb_gemm_q_smalln runs, for A/B measurements (tests/gpu/test_qmm_smalln.py):
- * 0 the shipped choice (default), 1 the register kernel of qmm.cuh for every n, 2..7 the x-staged kernel
- * of qmm_smalln.cuh at n = 2..32 in launch shape A..F (n > 32 on the register kernel);
- * 8, 9 the shipped choice at n <= 32 and the x-staged kernel at n = 33..64 in launch shape G (2 row tiles
- * × 8 warps), H (1 × 16) with 6 column tiles up to n = 48 and 8 above (not yet run on a GPU, hence not
- * shipped); 10, 11 shapes G, H with 8 column tiles at every n = 33..64 (cuda/ops/gemm_q_smalln.cu,
+ * 0 the shipped choice (default; at n = 33..64 the same as 8), 1 the register kernel of qmm.cuh for every
+ * n, 2..7 the x-staged kernel of qmm_smalln.cuh at n = 2..32 in launch shape A..F (n > 32 on the register
+ * kernel); 8, 9 the shipped choice at n <= 32 and the x-staged kernel at n = 33..64 in launch shape G (2 row
+ * tiles × 8 warps), H (1 × 16) with 6 column tiles up to n = 48 and 8 above; 10, 11 shapes G, H with 8
+ * column tiles at every n = 33..64 (cuda/ops/gemm_q_smalln.cu,
  * docs/perf.md "small-N v2"). Process-wide; needs no GPU; other values fail with LB_ERR_INVALID_ARG. */
 LB_API int lb_qmm_smalln_select(int which);
 

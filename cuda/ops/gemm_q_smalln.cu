@@ -1,11 +1,12 @@
 // lb_gemm_q_smalln: Y[N, n] (+)= W · X[K, n] for n = 1..64 columns (tree-verify widths) over a
 // quantized matrix; every weight is read once and applied to all n columns.
-// n = 2..32 run the x-staged kernel of cuda/common/qmm_smalln.cuh (x converted to fp16 B fragments once
-// per block and item in shared memory); n = 1 and n > 32 the register kernel of cuda/common/qmm.cuh,
-// whose column tiles of 8 (NT) are instantiated for n ≤ 8, 16, 24, 32, 48, 64. lb_qmm_smalln_select
-// switches between the two (and between the staged kernel's launch shapes) for A/B measurements; its
-// values 8..11 run n = 33..64 (the 27B prefill's chunks) through the staged kernel too ("small-N v2",
-// docs/perf.md: written, not yet run on a GPU, so not the shipped choice).
+// n = 2..64 run the x-staged kernel of cuda/common/qmm_smalln.cuh (x converted to fp16 B fragments once
+// per block and item in shared memory); n = 1 the GEMV of cuda/common/qmm.cuh. The register kernel of
+// qmm.cuh (column tiles of 8 instantiated for n ≤ 8, 16, 24, 32, 48, 64) stays as the control and for
+// Q6_K at n ≤ 8. lb_qmm_smalln_select switches between them (and between the staged kernel's launch
+// shapes) for A/B measurements. n = 33..64 (the 27B prefill's 64-row chunks) run shape G with 6 column
+// tiles up to n = 48 ("small-N v2", docs/perf.md: H200, 203 -> 58 µs for Q4_K 17408×5120 at n = 64, pp520
+// 942 -> 2,229 tok/s; shapes G and H measured equal, G kept for Q6_K's 1-2 µs).
 #include <atomic>
 
 #include "lb_check.cuh"
@@ -16,11 +17,11 @@ namespace {
 
 using namespace lb::q;
 
-// 0: the shipped choice (shipped_shape); 1: qmm.cuh's register kernel for every n (the path before
-// qmm_smalln.cuh); 2..7: the staged kernel at n = 2..32 in launch shape A..F (see staged_launch);
-// 8, 9: the shipped choice at n <= 32 and the staged kernel at n = 33..64 in shape G, H (see wide_launch)
-// with 6 column tiles up to n = 48 and 8 above; 10, 11: the same shapes with 8 column tiles at every n =
-// 33..64 (to measure whether NT = 6 pays at n = 33..48).
+// 0: the shipped choice (kShippedShape at n <= 32, select 8 above); 1: qmm.cuh's register kernel for every
+// n (the path before qmm_smalln.cuh); 2..7: the staged kernel at n = 2..32 in launch shape A..F (see
+// staged_launch); 8, 9: the shipped choice at n <= 32 and the staged kernel at n = 33..64 in shape G, H (see
+// wide_launch) with 6 column tiles up to n = 48 and 8 above; 10, 11: the same shapes with 8 column tiles at
+// every n = 33..64 (NT = 6 measured 47 against 54 µs at n = 33, Q4_K 5120×17408).
 constexpr int kSelectMax = 11;
 std::atomic<int> g_select{0};
 
@@ -112,6 +113,7 @@ template <int QT>
 int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                     cudaStream_t s) {
     int sel = g_select.load(std::memory_order_relaxed);
+    if (sel == 0 && n > 32) sel = 8;  // shipped at n = 33..64: shape G
     if (sel >= 8) {
         if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
         sel = 0;  // n <= 32: the shipped choice

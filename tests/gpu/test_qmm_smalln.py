@@ -1,5 +1,5 @@
-"""The x-staged small-N kernel (cuda/common/qmm_smalln.cuh, lb_gemm_q_smalln at n = 2..32, and n = 33..64 under
-select 8..11: "small-N v2", not yet run on a GPU when these tests were written) against the float64
+"""The x-staged small-N kernel (cuda/common/qmm_smalln.cuh, lb_gemm_q_smalln at n = 2..64; n = 33..64 is
+"small-N v2", shipped as select 8's shape G since its first H200 run) against the float64
 reference of test_quant_gemv.py, in every launch shape lb_qmm_smalln_select offers (and the register kernel it
 replaces, as a control).
 
@@ -97,8 +97,9 @@ def test_staged_smalln_many_items(qt):
     check(qt, *MANY_ITEMS_SHAPE, [9, 23, 32], [0, 2, 3, 4, 5, 6, 7])
 
 
-# small-N v2: n = 33..64 through the staged kernel (every new select value), the register kernel (select 0 and
-# 1) as the control; the n <= 32 widths under the new values must still be the shipped choice.
+# small-N v2: n = 33..64 through the staged kernel (every new select value and select 0, which ships shape G
+# there), the register kernel (select 1) as the control; the n <= 32 widths under the new values must still be
+# the shipped choice.
 @pytest.mark.parametrize("qt", list(QTYPES))
 @pytest.mark.parametrize("rows,k", SHAPES, ids=[f"N{r}-K{k}" for r, k in SHAPES])
 def test_staged_wide(qt, rows, k):
@@ -168,13 +169,14 @@ WIDE_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]
 
 
 def bench_wide(out=print) -> None:
-    """small-N v2: n = 64 (the prefill chunk) on the 27B shapes, register kernel (select 0 = shipped) against each
-    new shape; n = 41/48 at ffn_down for NT 6 (8, 9) against NT 8 (10, 11)."""
+    """small-N v2: n = 64 (the prefill chunk) on the 27B shapes, the register kernel (select 1, shipped at n > 32
+    before v2) against each new shape (select 8 is what select 0 ships); n = 33..57 at ffn_down for NT 6 (8, 9)
+    against NT 8 (10, 11)."""
     cases = [("Q4_K", name, r, k, 64) for name, r, k in WIDE_BENCH_SHAPES]
     cases += [(qt, name, r, k, 64) for qt in ("Q5_K", "Q6_K") for name, r, k in WIDE_BENCH_SHAPES[:3]]
     cases += [("Q8_0", "ffn_down", 5120, 17408, 64)]
     cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q4_K", "Q6_K") for n in (33, 41, 48, 57)]
-    _bench_table(out, [0, *WIDE_SELECT], NAMES, cases, "best / register", lambda us, one: min(us[1:]) / us[0])
+    _bench_table(out, [1, *WIDE_SELECT], NAMES, cases, "best / register", lambda us, one: min(us[1:]) / us[0])
 
 
 def _main(argv: list[str]) -> int:
