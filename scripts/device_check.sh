@@ -9,8 +9,8 @@
 # Results: $OUT/summary.txt (every headline line), $OUT/bench.md, and every log in $OUT/results.tgz (the device
 # tool returns at most 8 files).
 # Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant gdn 27b" (which
-# benches; "none" for tests only), LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried
-# .cache/<name>-build).
+# benches; "none" for tests only; "ring" adds the 0.8B weight-ring A/B, RINGS="auto,2x2048,..." its list),
+# LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build).
 set -u -o pipefail
 OUT=${OUT:-/tmp/lucebox_out}
 PROFILE=${PROFILE:-h200-sm90}
@@ -57,6 +57,13 @@ echo "bench rc=$?" | tee -a "$S"
 python3 -c 'import json,sys; from lucebox_cli.bench.report import render; print(render(json.load(open(sys.argv[1])), "md"))' \
   "$OUT/bench.json" > "$OUT/bench.md" 2>> "$OUT/setup.log" && cat "$OUT/bench.md" | tee -a "$S"
 
+fi
+
+if [[ " $BENCHES " == *" ring "* ]]; then  # 0.8B megakernel: tg128 per weight-ring depth (scripts/ab_mk_ring.py)
+echo "== 0.8B megakernel weight-ring A/B" | tee -a "$S"
+timeout 150 python3 scripts/ab_mk_ring.py ${RINGS:+--rings "$RINGS"} --json "$OUT/ab_mk_ring.json" > "$OUT/ab_mk_ring.log" 2>&1
+echo "ring A/B rc=$?" | tee -a "$S"
+grep -E "^ring|Error|error" "$OUT/ab_mk_ring.log" | tail -12 | tee -a "$S"
 fi
 
 if [[ " $BENCHES " == *" quant "* ]]; then

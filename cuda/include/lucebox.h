@@ -285,6 +285,11 @@ typedef struct lb_mk_config {
     int32_t device;
     float rms_eps;
     float rope_theta;
+    /* Per-warp weight ring (mk_gemv.cuh); 0 = the largest that fits (today 3 slots of 4 KB on a 227 KB
+     * card). Slots 2..8, slot bytes 1024, 2048 or 4096; refused if they do not fit the shared memory.
+     * For measuring how many weight bytes in flight the critical loads can stand (docs/perf.md). */
+    int32_t ring_slots;
+    int32_t ring_slot_bytes;
 } lb_mk_config_t;
 
 typedef struct lb_mk_info {

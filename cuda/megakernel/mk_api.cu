@@ -34,13 +34,28 @@ int choose_geometry(Handle* H) {
     size_t budget = prop.sharedMemPerBlockOptin;
     if (bps > 1) budget = std::min(budget, prop.sharedMemPerMultiprocessor / bps - 1024);
     // Per-warp weight rings (mk_gemv.cuh): the largest slot size that still leaves every warp 3 slots in
-    // flight, then as many slots as fit (at most MAX_WSLOTS).
+    // flight, then as many slots as fit (at most MAX_WSLOTS), unless the config names the ring.
     int wslots = 0, slot_bytes = 0;
-    for (int sb = 4096; sb >= 1024 && wslots < 3; sb /= 2) {
+    if (c.ring_slots || c.ring_slot_bytes) {
+        const int sb = c.ring_slot_bytes;
+        if (c.ring_slots < 2 || c.ring_slots > MAX_WSLOTS || (sb != 1024 && sb != 2048 && sb != 4096))
+            return lb::set_error(LB_ERR_INVALID_ARG,
+                                 "megakernel: weight ring of %d slots x %d B; need 2..%d slots of 1024, 2048 or 4096 B",
+                                 c.ring_slots, sb, MAX_WSLOTS);
+        if (smem_bytes(c.ring_slots, sb) > budget)
+            return lb::set_error(LB_ERR_UNSUPPORTED,
+                                 "megakernel: a weight ring of %d slots x %d B needs %zu B of shared memory per "
+                                 "block, the device gives %zu",
+                                 c.ring_slots, sb, smem_bytes(c.ring_slots, sb), budget);
+        wslots = c.ring_slots;
         slot_bytes = sb;
-        wslots = budget > smem_bytes(0, sb) ? (int)((budget - smem_bytes(0, sb)) / ((size_t)WARPS * sb)) : 0;
+    } else {
+        for (int sb = 4096; sb >= 1024 && wslots < 3; sb /= 2) {
+            slot_bytes = sb;
+            wslots = budget > smem_bytes(0, sb) ? (int)((budget - smem_bytes(0, sb)) / ((size_t)WARPS * sb)) : 0;
+        }
+        wslots = std::min(wslots, MAX_WSLOTS);
     }
-    wslots = std::min(wslots, MAX_WSLOTS);
     if (wslots < 2)
         return lb::set_error(LB_ERR_UNSUPPORTED, "megakernel: %zu B of shared memory per block is too little", budget);
     const size_t smem = smem_bytes(wslots, slot_bytes);

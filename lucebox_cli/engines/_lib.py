@@ -83,6 +83,8 @@ class MkConfig(ctypes.Structure):
         ("device", c_int32),
         ("rms_eps", ctypes.c_float),
         ("rope_theta", ctypes.c_float),
+        ("ring_slots", c_int32),
+        ("ring_slot_bytes", c_int32),
     ]
 
 

@@ -145,3 +145,29 @@ def test_verify_is_unavailable():
     with pytest.raises(LuceboxError, match="not supported by the 0.8B megakernel"):
         gpu.verify(Tree.chain([1, 2]))
     gpu.close()
+
+
+@pytest.mark.parametrize("ring", [(2, 1024), (2, 4096), (4, 2048), (8, 1024)])
+def test_named_weight_ring_gives_the_same_tokens(ring):
+    # the ring only changes how far ahead the weights are copied: tokens and logits must not move
+    cpu, gpu = engines(4, ring=ring)
+    assert gpu.info["nslots"] == ring[0]
+    prompt = [11, 2222, 33333, 4444, 55]
+    logits = ref0 = cpu.prefill(prompt)
+    want = []
+    for _ in range(24):
+        want.append(int(np.argmax(logits)))
+        logits = cpu.step(want[-1])
+    gpu.poison()
+    g_logits = gpu.prefill(prompt)
+    assert rel_rms(g_logits, ref0) < 1e-2
+    assert [int(np.argmax(g_logits))] + gpu.decode(23).tolist() == want
+    gpu.close()
+
+
+@pytest.mark.parametrize("ring,match", [((1, 4096), "need 2..8 slots"), ((3, 3000), "need 2..8 slots"),
+                                        ((8, 4096), "needs .* B of shared memory per block")])
+def test_bad_weight_ring_is_refused(ring, match):
+    cfg, w = model(4)
+    with pytest.raises(LuceboxError, match=match):
+        mkmod.MegakernelEngine(cfg, w, max_context=64, ring=ring, prefill_mode="decode")
