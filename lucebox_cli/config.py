@@ -87,6 +87,10 @@ _SCHEMA: tuple[_Field, ...] = (
     _Field("build.gencode", "str"),
     _Field("build.megakernel.threads", "int", lo=32, hi=1024),
     _Field("build.megakernel.blocks_per_sm", "int", lo=1, hi=32),
+    # the per-warp weight ring (absent: the largest that fits the card's shared memory); the C side checks
+    # that the slot size is 1024, 2048 or 4096 and that the ring fits
+    _Field("build.megakernel.ring_slots", "int", required=False, lo=2, hi=8),
+    _Field("build.megakernel.ring_slot_bytes", "int", required=False, lo=1024, hi=4096),
     _Field("run.budget", "int", lo=1, hi=1024),
     _Field("run.kv_cache_type", "str", choices=("f16", "bf16", "q8_0", "q4_0")),
     _Field("run.max_context", "int", lo=256, hi=1 << 22),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A/B of the 0.8B megakernel's per-warp weight ring (device only): tg128 for each (slots, bytes per slot).
 
-    python3 scripts/ab_mk_ring.py [--rings auto,3x4096,2x4096,3x2048,2x2048,4x1024] [--reps 3] [--json out.json]
+    python3 scripts/ab_mk_ring.py [--rings auto,2x4096,3x2048,2x2048,4x1024,3x1024,2x1024] [--reps 3] [--json out.json]
 
 Why: docs/perf.md (0.8B "v3") found each layer's ~12 dependent L2 round trips waiting ~2-3 µs behind the
 weight copies the rings keep queued (3 slots × 4 KB × 16 warps × 132 SMs ≈ 25 MB in flight, against the
@@ -35,7 +35,7 @@ def parse_ring(text: str):
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rings", default="auto,3x4096,2x4096,3x2048,2x2048,4x1024")
+    ap.add_argument("--rings", default="auto,2x4096,3x2048,2x2048,4x1024,3x1024,2x1024")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--json")

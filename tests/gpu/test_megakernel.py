@@ -147,7 +147,7 @@ def test_verify_is_unavailable():
     gpu.close()
 
 
-@pytest.mark.parametrize("ring", [(2, 1024), (2, 4096), (4, 2048), (8, 1024)])
+@pytest.mark.parametrize("ring", [(2, 1024), (3, 1024), (2, 2048), (3, 2048), (2, 4096), (4, 2048), (8, 1024)])
 def test_named_weight_ring_gives_the_same_tokens(ring):
     # the ring only changes how far ahead the weights are copied: tokens and logits must not move
     cpu, gpu = engines(4, ring=ring)

@@ -80,6 +80,8 @@ def test_env_profiles_dir(profile_dir: Path, monkeypatch):
         ("build.arch", "sm_90", False, "build.arch: sm_90 does not match compute_capability 8.6"),
         ("build.arch", "ampere", False, "build.arch: must look like"),
         ("build.megakernel.threads", 4096, False, "build.megakernel.threads: must be between"),
+        ("build.megakernel.ring_slots", 1, False, "build.megakernel.ring_slots: must be between"),
+        ("build.megakernel.ring_slot_bytes", 512, False, "build.megakernel.ring_slot_bytes: must be between"),
         ("run.kv_cache_type", "f8", False, "run.kv_cache_type: must be one of"),
         ("run.budget", None, True, "run.budget: missing"),
         ("name", "other", False, "differs from the file name"),
@@ -94,6 +96,14 @@ def test_schema_errors_name_file_and_key(profile_dir: Path, key, value, delete, 
     assert str(path) in info.value.message
     assert expect in info.value.message
     assert info.value.hint
+
+
+def test_megakernel_ring_is_optional_tuning(profile_dir: Path):
+    path = profile_dir / "rtx3090-sm86.yaml"
+    _edit(path, "build.megakernel.ring_slots", 2, False)
+    _edit(path, "build.megakernel.ring_slot_bytes", 2048, False)
+    mk = load_profiles(profile_dir)["rtx3090-sm86"].get("build.megakernel")
+    assert (mk["ring_slots"], mk["ring_slot_bytes"]) == (2, 2048)
 
 
 def test_build_takes_extra_tuning_sections(profile_dir: Path):
