@@ -3,6 +3,10 @@
 // cuda/common/qmm.cuh (one 16-row tile per warp, one column tile).
 #include <vector>
 
+#include <cstdlib>
+#include <cstring>
+
+#include "gemv_ring.cuh"
 #include "lb_check.cuh"
 #include "qmm.cuh"
 
@@ -10,12 +14,29 @@ namespace {
 
 using namespace lb::q;
 
+// LUCEBOX_GEMV_KERNEL=v5 runs the kernels before the ring (gemv_k45_kernel for Q4_K/Q5_K, qmm_kernel for
+// Q6_K) for A/B timing in the bench and tests; read once per process.
+bool gemv_ring_off() {
+    static const bool off = [] {
+        const char* e = std::getenv("LUCEBOX_GEMV_KERNEL");
+        return e && !std::strcmp(e, "v5");
+    }();
+    return off;
+}
+
 int gemv_dispatch(int qtype, const void* w, int64_t n_rows, int k, const float* x, float* y, int accumulate,
                   cudaStream_t s) {
+    const bool ring = !gemv_ring_off();
     switch (qtype) {
-        case Q4_K: return qmm_launch<Q4_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
-        case Q5_K: return qmm_launch<Q5_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
-        case Q6_K: return qmm_launch<Q6_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
+        case Q4_K:
+            return ring ? gemv_ring_launch<Q4_K>(w, n_rows, k, x, y, accumulate, s)
+                        : qmm_launch<Q4_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
+        case Q5_K:
+            return ring ? gemv_ring_launch<Q5_K>(w, n_rows, k, x, y, accumulate, s)
+                        : qmm_launch<Q5_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
+        case Q6_K:
+            return ring ? gemv_ring_launch<Q6_K>(w, n_rows, k, x, y, accumulate, s)
+                        : qmm_launch<Q6_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
         default: return qmm_launch<Q8_0, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
     }
 }
