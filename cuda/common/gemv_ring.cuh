@@ -94,10 +94,29 @@ __device__ __forceinline__ Q6Lane q6_lane(int g, int t) {
     return l;
 }
 
-// One Q6_K item: rows g, g + 8 from shared slot rows sp[0], sp[1]; xf[c][w] = the lane's x (fp16 pairs, zero
-// where xm is 0); par[h] = which half of the copied d word is the row's d.
-__device__ __forceinline__ void q6_item(const uint8_t* const (&sp)[2], const uint32_t (&xf)[2][2][2], const int (&par)[2],
-                                        const Q6Lane& L, int t, float (&acc)[4]) {
+// What lane (g, t) needs of one row's Q6_K block: ql bytes 32jf + 8t .. +7, qh bytes 128 + 32c + 8t .. +7,
+// the scale pairs (8c + 2t, 8c + 2t + 1) and d.
+struct Q6Row {
+    uint2 ql[4];
+    uint2 qh[2];
+    uint32_t sc[2];  // two int8 scales in the low 16 bits
+    float d;
+};
+// from a shared-memory slot row (the ring): d is half par of the copied 4-byte word at 208
+__device__ __forceinline__ void q6_row_smem(Q6Row& r, const uint8_t* sp, int par, int t) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r.ql[j] = lds8(sp + 32 * j + 8 * t);
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        r.qh[c] = lds8(sp + 128 + 32 * c + 8 * t);
+        r.sc[c] = *reinterpret_cast<const uint16_t*>(sp + 192 + 8 * c + 2 * t);
+    }
+    r.d = __half2float(*reinterpret_cast<const __half*>(sp + 208 + 2 * par));
+}
+
+// One Q6_K item: rows g, g + 8 in r[0], r[1]; xf[c][w] = the lane's x (fp16 pairs, zero where xm is 0).
+__device__ __forceinline__ void q6_item(const Q6Row (&r)[2], const uint32_t (&xf)[2][2][2], const Q6Lane& L, int t,
+                                        float (&acc)[4]) {
     constexpr uint32_t kOnes = 0x3C003C00u;
     float c[2][4], cx[2][4];
 #pragma unroll
@@ -107,14 +126,8 @@ __device__ __forceinline__ void q6_item(const uint8_t* const (&sp)[2], const uin
     }
     static_for<2>([&](auto C) {
         constexpr int cc = decltype(C)::value;
-        uint2 qh[2];
-        qh[0] = lds8(sp[0] + 128 + 32 * cc + 8 * t);
-        qh[1] = lds8(sp[1] + 128 + 32 * cc + 8 * t);
         static_for<2>([&](auto JJ) {
             constexpr int jj = decltype(JJ)::value, jf = 2 * cc + jj;
-            uint2 ql[2];
-            ql[0] = lds8(sp[0] + 32 * jf + 8 * t);
-            ql[1] = lds8(sp[1] + 32 * jf + 8 * t);
             static_for<2>([&](auto S) {
                 static_for<2>([&](auto W) {
                     constexpr int s = decltype(S)::value, w = decltype(W)::value;
@@ -123,10 +136,10 @@ __device__ __forceinline__ void q6_item(const uint8_t* const (&sp)[2], const uin
                     uint32_t a[2][2];
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const uint32_t wq = w ? ql[h].y : ql[h].x;
+                        const uint32_t wq = w ? r[h].ql[jf].y : r[h].ql[jf].x;
                         // the top two bits of these four weights: bits 2(2S + jj) of each qh byte, to bit sh
                         // (bytes 0, 2) or sh - 8 (bytes 1, 3) of each half, as Traits<Q6_K>::frag
-                        const uint32_t hb = (w ? qh[h].y : qh[h].x) >> (4 * s + 2 * jj);
+                        const uint32_t hb = (w ? r[h].qh[cc].y : r[h].qh[cc].x) >> (4 * s + 2 * jj);
                         a[h][0] = lop3<kAndOr>(wq, mask, lop3<kAndOr>(hb << sh, 0x00030003u << sh, kMagic));
                         a[h][1] = lop3<kAndOr>(wq >> 8, mask,
                                                lop3<kAndOr>(shl_signed<sh - 8>(hb), 0x00030003u << sh, kMagic));
@@ -142,33 +155,33 @@ __device__ __forceinline__ void q6_item(const uint8_t* const (&sp)[2], const uin
     // scales 2t, 2t + 1 (tile 0) and 8 + 2t, 9 + 2t (tile 1) of each row, d of each row (times f)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float d = __half2float(*reinterpret_cast<const __half*>(sp[h] + 208 + 2 * par[h])) * L.f;
+        const float d = r[h].d * L.f;
 #pragma unroll
-        for (int cc = 0; cc < 2; ++cc) {
-            const uint32_t s2 = *reinterpret_cast<const uint16_t*>(sp[h] + 192 + 8 * cc + 2 * t);
+        for (int cc = 0; cc < 2; ++cc)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float sc = (float)(int8_t)(s2 >> (8 * e)) * d;
+                const float sc = (float)(int8_t)(r[h].sc[cc] >> (8 * e)) * d;
                 acc[2 * h + e] = fmaf(sc, fmaf(cx[cc][2 * h + e], -L.off, c[cc][2 * h + e]), acc[2 * h + e]);
             }
-        }
     }
 }
 
 // ---- the kernel ---------------------------------------------------------------------------------
 
-// Blocks per SM asked of ptxas on sm_90: the most that compile without spills (Q4_K 7 at 71 registers, Q5_K
-// 6 at 79, Q6_K 5 at 96; left free they take 95, 96 and 123). On sm_86 the shared memory (100 KB per SM), not
+// Blocks per SM asked of ptxas on sm_90: the most that compile without spills (Q4_K 7 at 71-72 registers,
+// Q5_K 6 at 79-80, Q6_K 5 at 96 with two stages; left free they take 95, 96 and 123). On sm_86 the shared memory (100 KB per SM), not
 // the registers, caps the blocks, so ptxas is left free there.
+// (Q6_K at 3-4 stages needs 4: at 5 it spills 4-16 bytes.)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define LB_GEMV_RING_BOUNDS(QT) __launch_bounds__(kThreads, (QT) == Q4_K ? 7 : (QT) == Q5_K ? 6 : 5)
+#define LB_GEMV_RING_BOUNDS(QT, S) \
+    __launch_bounds__(kThreads, (QT) == Q4_K ? 7 : (QT) == Q5_K ? 6 : (S) == 2 ? 5 : 4)
 #else
-#define LB_GEMV_RING_BOUNDS(QT) __launch_bounds__(kThreads)
+#define LB_GEMV_RING_BOUNDS(QT, S) __launch_bounds__(kThreads)
 #endif
 // kStages: ring slots per warp (kStages - 1 items in flight while one is computed); a template argument so
 // that cp.async.wait_group gets its immediate without a switch.
 template <int QT, int kStages>
-__global__ void LB_GEMV_RING_BOUNDS(QT) gemv_ring_kernel(QmmArgs a) {
+__global__ void LB_GEMV_RING_BOUNDS(QT, kStages) gemv_ring_kernel(QmmArgs a) {
     using G = RingGeom<QT>;
     constexpr int kGroupRows = kWarps * 16;
     constexpr bool kQ6 = QT == Q6_K;
@@ -195,26 +208,38 @@ __global__ void LB_GEMV_RING_BOUNDS(QT) gemv_ring_kernel(QmmArgs a) {
     const uint8_t* ring = reinterpret_cast<const uint8_t*>(gemv_ring_smem) + (size_t)warp * kStages * G::kSlot;
     const uint32_t ring_s = smem_u32(ring);
 
-    // ---- producer: this lane's row pr and first piece ph of the item (pgrp, pkb) at gp
+    // ---- producer: this lane's row pr of the item (pgrp, pkb), whose block starts at bp. Every block size
+    // here is 16 mod 32, so a block starts sector-aligned (sh = 0) or 16 bytes into a sector (sh = 1). Copy i
+    // takes piece 2i + ph - sh: each copy instruction then reads whole 32-byte sectors of each row (the
+    // first piece alone when sh = 1) instead of two half sectors, each fetched again by the next copy (the
+    // unshifted form measured L2 hit rate 50% on pure streaming, ncu, first device run of v6).
+    static_assert(G::kCopyBytes % 32 == 16, "the sector shift alternates per block");
     const int pr = lane & 15, ph = lane >> 4;
     int pit = it, pgrp = grp, pkb = kb, pslot = 0;
-    const uint8_t* gp = nullptr;
+    const uint8_t* bp = nullptr;
+    int sh = 0;
     const __half* dq = kQ6 ? Traits<Q6_K>::d_array(a.w, a.n_rows, a.k) : nullptr;
     int64_t didx = 0;  // Q6_K: index of this row's d for item (pgrp, pkb)
     auto pset = [&]() {
         const int row = row_of(pgrp, pr);
-        gp = a.w + row * row_bytes + (int64_t)pkb * G::kCopyBytes + 16 * ph;
+        bp = a.w + row * row_bytes + (int64_t)pkb * G::kCopyBytes;
+        sh = (int)((reinterpret_cast<uintptr_t>(bp) >> 4) & 1);
         if constexpr (kQ6) didx = (int64_t)row * nb + pkb;
     };
     pset();
     auto issue = [&]() {
         if (pit < end) {
             if (tile_live(pgrp)) {
-                const uint32_t dst = ring_s + pslot * G::kSlot + pr * G::kStride + 16 * ph;
+                const int off = 16 * (ph - sh);  // -16, 0 or 16; copy i at off + 32i
+                const uint32_t dst = ring_s + pslot * G::kSlot + pr * G::kStride + off;
+                const uint8_t* gp = bp + off;
 #pragma unroll
                 for (int i = 0; i < G::kCopies; ++i) {
-                    if (2 * i + ph < G::kPieces) cp_async16(dst + 32 * i, gp + 32 * i);
-                    else if constexpr (kQ6) cp_async4(dst + 32 * i, dq + (didx & ~int64_t(1)));  // offset 208
+                    // the middle copies are always pieces of the block; the first needs ph >= sh, the last ph <= sh
+                    const bool in = i == 0 ? ph >= sh : i == G::kCopies - 1 ? ph <= sh : true;
+                    if (in) cp_async16(dst + 32 * i, gp + 32 * i);
+                    else if constexpr (kQ6)  // the one lane of this row left without a piece: the d word, to 208
+                        cp_async4(ring_s + pslot * G::kSlot + pr * G::kStride + 208, dq + (didx & ~int64_t(1)));
                 }
             }
             ++pit;
@@ -223,7 +248,8 @@ __global__ void LB_GEMV_RING_BOUNDS(QT) gemv_ring_kernel(QmmArgs a) {
                 ++pgrp;
                 pset();
             } else {
-                gp += G::kCopyBytes;
+                bp += G::kCopyBytes;
+                sh ^= 1;
                 if constexpr (kQ6) ++didx;
             }
         }
@@ -309,9 +335,10 @@ __global__ void LB_GEMV_RING_BOUNDS(QT) gemv_ring_kernel(QmmArgs a) {
             const uint8_t* s0 = ring + slot * G::kSlot + g * G::kStride;
             const uint8_t* s1 = s0 + 8 * G::kStride;
             if constexpr (kQ6) {
-                const int par[2] = {rpar[0] ^ (kb & 1), rpar[1] ^ (kb & 1)};
-                const uint8_t* const sp[2] = {s0, s1};
-                q6_item(sp, xf, par, L6, t, acc);
+                Q6Row r[2];
+                q6_row_smem(r[0], s0, rpar[0] ^ (kb & 1), t);
+                q6_row_smem(r[1], s1, rpar[1] ^ (kb & 1), t);
+                q6_item(r, xf, L6, t, acc);
             } else {
                 using K = K45Cols<QT>;
                 constexpr uint32_t kOnes = 0x3C003C00u;
@@ -369,6 +396,125 @@ __global__ void LB_GEMV_RING_BOUNDS(QT) gemv_ring_kernel(QmmArgs a) {
     cp_async_wait<0>();  // nothing may be in flight into shared memory when the block exits
 }
 
+// ---- Q6_K without the ring: v5's register form of the same arithmetic -------------------------------
+//
+// Each warp loads an item's Q6Row pair into registers at the end of the previous item (as gemv_k45_kernel),
+// for comparison with the ring on the same item math (LUCEBOX_GEMV_KERNEL=direct).
+__device__ __forceinline__ uint32_t ldg_stream2(const void* p) {
+    unsigned short v;
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LB_GEMV_Q6_BOUNDS __launch_bounds__(kThreads, 5)
+#else
+#define LB_GEMV_Q6_BOUNDS __launch_bounds__(kThreads)
+#endif
+template <int kUnused>
+__global__ void LB_GEMV_Q6_BOUNDS gemv_q6_kernel(QmmArgs a) {
+    constexpr int kGroupRows = kWarps * 16;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nb = a.k / QK;
+    pdl_trigger();
+    int it = (int)(a.items * blockIdx.x / gridDim.x);
+    const int end = (int)(a.items * (blockIdx.x + 1) / gridDim.x);
+    if (it >= end) {
+        pdl_wait();  // lb_pdl.cuh: no block may finish before its predecessor
+        return;
+    }
+    const int n_rows = (int)a.n_rows;
+    int grp = it / nb;
+    int kb = it - grp * nb;
+    const int64_t row_bytes = (int64_t)nb * kQ6Packed;
+    const __half* dq = Traits<Q6_K>::d_array(a.w, a.n_rows, a.k);
+    auto tile_live = [&](int grp_) { return grp_ * kGroupRows + warp * 16 < n_rows; };  // warp-uniform
+    // load cursor (the item loaded next): block pointers and d indices of rows g, g + 8 (past the end: the last)
+    int lgrp = grp, lkb = kb;
+    const uint8_t* bp[2];
+    int64_t di[2];
+    auto lset = [&]() {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = min(lgrp * kGroupRows + warp * 16 + g + 8 * h, n_rows - 1);
+            bp[h] = a.w + row * row_bytes + (int64_t)lkb * kQ6Packed;
+            di[h] = (int64_t)row * nb + lkb;
+        }
+    };
+    lset();
+    auto load = [&](Q6Row (&r)[2]) {
+        if (!tile_live(lgrp)) return;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) r[h].ql[j] = ldg_stream8(bp[h] + 32 * j + 8 * t);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                r[h].qh[c] = ldg_stream8(bp[h] + 128 + 32 * c + 8 * t);
+                r[h].sc[c] = ldg_stream2(bp[h] + 192 + 8 * c + 2 * t);
+            }
+            r[h].d = __half2float(__ushort_as_half((unsigned short)ldg_stream2(dq + di[h])));
+        }
+    };
+    auto advance_load = [&]() {
+        if (++lkb == nb) {
+            lkb = 0;
+            ++lgrp;
+            lset();
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                bp[h] += kQ6Packed;
+                ++di[h];
+            }
+        }
+    };
+    Q6Row r[2];
+    load(r);  // constant weights: before waiting for the previous kernel (PDL)
+    pdl_wait();
+    const Q6Lane L = q6_lane(g, t);
+    const float* xp = a.x + (int64_t)kb * QK + 32 * (g >> 1) + 8 * t;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (;;) {
+        const bool live = tile_live(grp);
+        if (live) {
+            uint32_t xf[2][2][2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+#pragma unroll
+                for (int w = 0; w < 2; ++w) {
+                    const float4 v = __ldg(reinterpret_cast<const float4*>(xp + 128 * c + 4 * w));
+                    xf[c][w][0] = h2_bits(__floats2half2_rn(v.x, v.z)) & L.xm;
+                    xf[c][w][1] = h2_bits(__floats2half2_rn(v.y, v.w)) & L.xm;
+                }
+            q6_item(r, xf, L, t, acc);
+        }
+        const bool last = it + 1 == end, wrap = kb + 1 == nb;
+        if ((wrap || last) && live) {
+            float va = acc[0] + acc[1], vb = acc[2] + acc[3];
+            va += __shfl_xor_sync(0xFFFFFFFFu, va, 1);
+            vb += __shfl_xor_sync(0xFFFFFFFFu, vb, 1);
+            va += __shfl_xor_sync(0xFFFFFFFFu, va, 2);
+            vb += __shfl_xor_sync(0xFFFFFFFFu, vb, 2);
+            const int row = grp * kGroupRows + warp * 16 + g + 8 * (t & 1);
+            if (t < 2 && row < n_rows) atomicAdd(a.y + row, t ? vb : va);
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+        }
+        if (last) break;
+        ++it;
+        if (wrap) {
+            kb = 0;
+            ++grp;
+            xp -= (int64_t)(nb - 1) * QK;
+        } else {
+            ++kb;
+            xp += QK;
+        }
+        advance_load();
+        load(r);
+    }
+}
+
 // ---- launch ---------------------------------------------------------------------------------------
 
 constexpr int kRingMaxStages = 4;
@@ -381,7 +527,7 @@ GemvRingFn<QT> gemv_ring_fn(int stages) {
 }
 
 // Stages (ring depth per warp) and blocks per SM, once per process and device: the register-limited blocks
-// per SM, with as many stages (2..4; 3 unless LUCEBOX_GEMV_STAGES says otherwise) as their shared memory
+// per SM, with as many stages (2..4; 2 unless LUCEBOX_GEMV_STAGES says otherwise) as their shared memory
 // allows; fewer blocks only if two stages do not fit.
 template <int QT>
 int gemv_ring_config(QmmConfig& out) {
@@ -398,7 +544,7 @@ int gemv_ring_config(QmmConfig& out) {
         LB_CUDA_TRY(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
         LB_CUDA_TRY(cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_ring_kernel<QT, 2>, kThreads, 0));
-        int want = 3;
+        int want = 2;  // measured fastest (docs/perf.md v6: 3 and 4 were 4-8% slower)
         if (const char* e = std::getenv("LUCEBOX_GEMV_STAGES")) want = std::max(2, std::min(kRingMaxStages, std::atoi(e)));
         const size_t slot_block = (size_t)kWarps * RingGeom<QT>::kSlot;
         int blocks = 0;
@@ -439,6 +585,36 @@ int gemv_ring_launch(const void* w, int64_t n_rows, int k, const float* x, float
     const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
     if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
     LB_CUDA_TRY(launch_pdl(gemv_ring_fn<QT>(c.stages), dim3((unsigned)grid), dim3(kThreads), c.smem, stream, a));
+    return LB_OK;
+}
+
+// The register form of the Q6_K sub-block-column kernel (gemv_q6_kernel): blocks per SM from its registers.
+inline int gemv_q6_launch(const void* w, int64_t n_rows, int k, const float* x, float* y, int accumulate,
+                          cudaStream_t stream) {
+    static std::mutex mu;
+    static QmmConfig cache[kMaxDevices];
+    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, 1, 0};
+    a.items = ceil_div(n_rows, (int64_t)kWarps * 16) * (k / QK);
+    if (a.items > (int64_t)INT32_MAX / 2 || n_rows > INT32_MAX / 2)
+        return qmm_launch<Q6_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, stream);
+    int dev = 0;
+    LB_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= kMaxDevices) return set_error(LB_ERR_UNSUPPORTED, "gemv: device %d out of range", dev);
+    QmmConfig c;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!cache[dev].sms) {
+            int by_regs = 0;
+            LB_CUDA_TRY(cudaDeviceGetAttribute(&cache[dev].grid_per_sm, cudaDevAttrMultiProcessorCount, dev));
+            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_q6_kernel<0>, kThreads, 0));
+            cache[dev].sms = cache[dev].grid_per_sm;
+            cache[dev].grid_per_sm = std::max(by_regs, 1);
+        }
+        c = cache[dev];
+    }
+    const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
+    if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
+    LB_CUDA_TRY(launch_pdl(gemv_q6_kernel<0>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
     return LB_OK;
 }
 

@@ -177,9 +177,11 @@ def test_gemm_q_smalln_many_items(qt, n):
 
 
 # The n = 1 kernel choices that an environment variable picks once per process (cuda/ops/gemv_q.cu,
-# cuda/common/gemv_ring.cuh): the ring at two stages per warp (the default is three where they fit) and the
-# kernels before the ring (LUCEBOX_GEMV_KERNEL=v5). Each runs the n = 1 cases in a child process.
-GEMV_VARIANTS = {"ring-2-stages": {"LUCEBOX_GEMV_STAGES": "2"}, "v5": {"LUCEBOX_GEMV_KERNEL": "v5"}}
+# cuda/common/gemv_ring.cuh): each kernel for every type (the ring at three stages per warp; the default is
+# two) whatever the shipped choice is. Each runs the n = 1 cases in a child process.
+GEMV_VARIANTS = {"ring-3-stages": {"LUCEBOX_GEMV_KERNEL": "ring", "LUCEBOX_GEMV_STAGES": "3"},
+                 "ring": {"LUCEBOX_GEMV_KERNEL": "ring"}, "direct": {"LUCEBOX_GEMV_KERNEL": "direct"},
+                 "v5": {"LUCEBOX_GEMV_KERNEL": "v5"}}
 
 
 @pytest.mark.parametrize("variant", list(GEMV_VARIANTS))
