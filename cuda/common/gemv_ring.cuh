@@ -1,6 +1,10 @@
 // n = 1 GEMV for Q4_K, Q5_K and Q6_K with each warp's next items in flight through a cp.async ring ("v6",
 // docs/perf.md "27B quantized GEMV"). y (+)= W·x, the items and stream-K split of qmm.cuh.
 //
+// Status: measured slower than the v5 kernels on every 27B shape (H200: Q4_K 15-18%, Q5_K 11-27%, Q6_K
+// 12-17%), so not shipped; cuda/ops/gemv_q.cu runs it only under LUCEBOX_GEMV_KERNEL (tests and A/B bench).
+// Kept because it is correct, tested and the measured base of the next try (docs/perf.md v6, "next").
+//
 // Why: v5's gemv_k45_kernel cut the work per item to ~230 instructions, after which ncu showed the warps
 // waiting on their own item's loads half the time (nothing is in flight while a warp computes), and a
 // second register buffer cost more occupancy (117 registers) than it hid. Here every warp copies the raw
@@ -146,8 +150,10 @@ __device__ __forceinline__ void q6_item(const Q6Row (&r)[2], const uint32_t (&xf
                     }
                     const uint32_t m = L.msk[s][jj];
                     const uint32_t b0 = xf[cc][w][0] & m, b1 = xf[cc][w][1] & m;
-                    if constexpr (jj == 0 && s == 0 && w == 0) mma16816_zero(c[cc], a[0][0], a[1][0], a[0][1], a[1][1], b0, b1);
-                    else mma16816(c[cc], a[0][0], a[1][0], a[0][1], a[1][1], b0, b1);
+                    if constexpr (jj == 0 && s == 0 && w == 0)
+                        mma16816_zero(c[cc], a[0][0], a[1][0], a[0][1], a[1][1], b0, b1);
+                    else
+                        mma16816(c[cc], a[0][0], a[1][0], a[0][1], a[1][1], b0, b1);
                 });
             });
         });
@@ -169,9 +175,9 @@ __device__ __forceinline__ void q6_item(const Q6Row (&r)[2], const uint32_t (&xf
 // ---- the kernel ---------------------------------------------------------------------------------
 
 // Blocks per SM asked of ptxas on sm_90: the most that compile without spills (Q4_K 7 at 71-72 registers,
-// Q5_K 6 at 79-80, Q6_K 5 at 96 with two stages; left free they take 95, 96 and 123). On sm_86 the shared memory (100 KB per SM), not
-// the registers, caps the blocks, so ptxas is left free there.
-// (Q6_K at 3-4 stages needs 4: at 5 it spills 4-16 bytes.)
+// Q5_K 6 at 79-80, Q6_K 5 at 96 with two stages, 4 with three or four, where 5 spills 4-16 bytes; left free
+// they take 95, 96 and 123). On sm_86 the shared memory (100 KB per SM), not the registers, caps the blocks,
+// so ptxas is left free there.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define LB_GEMV_RING_BOUNDS(QT, S) \
     __launch_bounds__(kThreads, (QT) == Q4_K ? 7 : (QT) == Q5_K ? 6 : (S) == 2 ? 5 : 4)
@@ -211,8 +217,9 @@ __global__ void LB_GEMV_RING_BOUNDS(QT, kStages) gemv_ring_kernel(QmmArgs a) {
     // ---- producer: this lane's row pr of the item (pgrp, pkb), whose block starts at bp. Every block size
     // here is 16 mod 32, so a block starts sector-aligned (sh = 0) or 16 bytes into a sector (sh = 1). Copy i
     // takes piece 2i + ph - sh: each copy instruction then reads whole 32-byte sectors of each row (the
-    // first piece alone when sh = 1) instead of two half sectors, each fetched again by the next copy (the
-    // unshifted form measured L2 hit rate 50% on pure streaming, ncu, first device run of v6).
+    // first piece alone when sh = 1) instead of two half sectors, each fetched again by the next copy. (Tried
+    // because the unshifted form showed a 50% L2 hit rate on pure streaming; measured: < 3% faster, and the
+    // hit rate stayed at 49%, so the straddling was not what limits the ring; docs/perf.md v6.)
     static_assert(G::kCopyBytes % 32 == 16, "the sector shift alternates per block");
     const int pr = lane & 15, ph = lane >> 4;
     int pit = it, pgrp = grp, pkb = kb, pslot = 0;
@@ -399,7 +406,8 @@ __global__ void LB_GEMV_RING_BOUNDS(QT, kStages) gemv_ring_kernel(QmmArgs a) {
 // ---- Q6_K without the ring: v5's register form of the same arithmetic -------------------------------
 //
 // Each warp loads an item's Q6Row pair into registers at the end of the previous item (as gemv_k45_kernel),
-// for comparison with the ring on the same item math (LUCEBOX_GEMV_KERNEL=direct).
+// for comparison with the ring on the same item math (LUCEBOX_GEMV_KERNEL=direct). Measured 1-5% slower than
+// qmm_kernel<Q6_K, 1, 1> on the 27B shapes (docs/perf.md v6), so not shipped either.
 __device__ __forceinline__ uint32_t ldg_stream2(const void* p) {
     unsigned short v;
     asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
@@ -545,7 +553,8 @@ int gemv_ring_config(QmmConfig& out) {
         LB_CUDA_TRY(cudaDeviceGetAttribute(&smem_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_ring_kernel<QT, 2>, kThreads, 0));
         int want = 2;  // measured fastest (docs/perf.md v6: 3 and 4 were 4-8% slower)
-        if (const char* e = std::getenv("LUCEBOX_GEMV_STAGES")) want = std::max(2, std::min(kRingMaxStages, std::atoi(e)));
+        if (const char* e = std::getenv("LUCEBOX_GEMV_STAGES"))
+            want = std::max(2, std::min(kRingMaxStages, std::atoi(e)));
         const size_t slot_block = (size_t)kWarps * RingGeom<QT>::kSlot;
         int blocks = 0;
         for (int b = std::max(by_regs, 1); b >= 1 && !blocks; --b) {
@@ -561,7 +570,8 @@ int gemv_ring_config(QmmConfig& out) {
         const GemvRingFn<QT> kernel = gemv_ring_fn<QT>(c.stages);
         LB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
         // just the shared memory those blocks need: the rest stays L1, where x lives
-        const int pct = (int)std::min<int64_t>(100, ceil_div((int64_t)100 * blocks * ((int64_t)c.smem + 1024), smem_sm));
+        const int pct =
+            (int)std::min<int64_t>(100, ceil_div((int64_t)100 * blocks * ((int64_t)c.smem + 1024), smem_sm));
         LB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct));
         LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.grid_per_sm, kernel, kThreads, c.smem));
         c.grid_per_sm = std::max(c.grid_per_sm, 1);
@@ -578,7 +588,8 @@ int gemv_ring_launch(const void* w, int64_t n_rows, int k, const float* x, float
                      cudaStream_t stream) {
     QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, 1, 0};
     a.items = ceil_div(n_rows, (int64_t)kWarps * 16) * (k / QK);
-    if (a.items > (int64_t)INT32_MAX / 2 || n_rows > INT32_MAX / 2) return qmm_launch<QT, 1, 1>(w, n_rows, k, x, 1, y, accumulate, stream);
+    if (a.items > (int64_t)INT32_MAX / 2 || n_rows > INT32_MAX / 2)
+        return qmm_launch<QT, 1, 1>(w, n_rows, k, x, 1, y, accumulate, stream);
     QmmConfig c;
     int st = gemv_ring_config<QT>(c);
     if (st != LB_OK) return st;

@@ -21,15 +21,20 @@ using namespace lb::q;
 // shipped choice for A/B timing in the bench and tests: ring|direct|v5 for every type, or three letters
 // r/d/v for Q4_K, Q5_K, Q6_K in that order (e.g. "vvd"); read once per process.
 enum GemvKind { kRing, kDirect, kV5 };
-constexpr GemvKind kShipped[3] = {kRing, kRing, kRing};  // Q4_K, Q5_K, Q6_K
+// Shipped: the v5 kernels for all three. Measured on the H200 (docs/perf.md v6), the ring was 15-18% slower
+// than v5 on every Q4_K shape, 11-27% on Q5_K and 12-17% on Q6_K (LM head included), and gemv_q6_kernel
+// 1-5% slower than qmm_kernel except on 6144x5120 (13.8 vs 14.0 us, within run-to-run noise).
+constexpr GemvKind kShipped[3] = {kV5, kV5, kV5};  // Q4_K, Q5_K, Q6_K
 GemvKind gemv_kind(int i) {
     static const auto kinds = [] {
         std::array<GemvKind, 3> k{kShipped[0], kShipped[1], kShipped[2]};
         const char* e = std::getenv("LUCEBOX_GEMV_KERNEL");
         if (!e) return k;
         const GemvKind all = !std::strcmp(e, "ring") ? kRing : !std::strcmp(e, "direct") ? kDirect : kV5;
-        if (!std::strcmp(e, "ring") || !std::strcmp(e, "direct") || !std::strcmp(e, "v5")) return decltype(k){all, all, all};
-        for (int j = 0; j < 3 && e[j]; ++j) k[j] = e[j] == 'r' ? kRing : e[j] == 'd' ? kDirect : e[j] == 'v' ? kV5 : k[j];
+        if (!std::strcmp(e, "ring") || !std::strcmp(e, "direct") || !std::strcmp(e, "v5"))
+            return decltype(k){all, all, all};
+        for (int j = 0; j < 3 && e[j]; ++j)
+            k[j] = e[j] == 'r' ? kRing : e[j] == 'd' ? kDirect : e[j] == 'v' ? kV5 : k[j];
         return k;
     }();
     return kinds[i];

@@ -177,8 +177,8 @@ def test_gemm_q_smalln_many_items(qt, n):
 
 
 # The n = 1 kernel choices that an environment variable picks once per process (cuda/ops/gemv_q.cu,
-# cuda/common/gemv_ring.cuh): each kernel for every type (the ring at three stages per warp; the default is
-# two) whatever the shipped choice is. Each runs the n = 1 cases in a child process.
+# cuda/common/gemv_ring.cuh): each kernel for every type (the ring at three stages per warp; its default is
+# two) whatever the shipped choice is (v5 today). Each runs the n = 1 cases in a child process.
 GEMV_VARIANTS = {"ring-3-stages": {"LUCEBOX_GEMV_KERNEL": "ring", "LUCEBOX_GEMV_STAGES": "3"},
                  "ring": {"LUCEBOX_GEMV_KERNEL": "ring"}, "direct": {"LUCEBOX_GEMV_KERNEL": "direct"},
                  "v5": {"LUCEBOX_GEMV_KERNEL": "v5"}}
