@@ -3,11 +3,6 @@
 // cuda/common/qmm.cuh (one 16-row tile per warp, one column tile).
 #include <vector>
 
-#include <array>
-#include <cstdlib>
-#include <cstring>
-
-#include "gemv_ring.cuh"
 #include "lb_check.cuh"
 #include "qmm.cuh"
 
@@ -15,44 +10,12 @@ namespace {
 
 using namespace lb::q;
 
-// Which n = 1 kernel each K-quant takes (cuda/common/gemv_ring.cuh, docs/perf.md "27B quantized GEMV" v6):
-// kRing (gemv_ring_kernel), kDirect (gemv_q6_kernel for Q6_K; v5's gemv_k45_kernel for Q4_K/Q5_K), kV5 (the
-// kernels before v6: gemv_k45_kernel for Q4_K/Q5_K, qmm_kernel for Q6_K). LUCEBOX_GEMV_KERNEL overrides the
-// shipped choice for A/B timing in the bench and tests: ring|direct|v5 for every type, or three letters
-// r/d/v for Q4_K, Q5_K, Q6_K in that order (e.g. "vvd"); read once per process.
-enum GemvKind { kRing, kDirect, kV5 };
-// Shipped: the v5 kernels for all three. Measured on the H200 (docs/perf.md v6), the ring was 15-18% slower
-// than v5 on every Q4_K shape, 11-27% on Q5_K and 12-17% on Q6_K (LM head included), and gemv_q6_kernel
-// 1-5% slower than qmm_kernel except on 6144x5120 (13.8 vs 14.0 us, within run-to-run noise).
-constexpr GemvKind kShipped[3] = {kV5, kV5, kV5};  // Q4_K, Q5_K, Q6_K
-GemvKind gemv_kind(int i) {
-    static const auto kinds = [] {
-        std::array<GemvKind, 3> k{kShipped[0], kShipped[1], kShipped[2]};
-        const char* e = std::getenv("LUCEBOX_GEMV_KERNEL");
-        if (!e) return k;
-        const GemvKind all = !std::strcmp(e, "ring") ? kRing : !std::strcmp(e, "direct") ? kDirect : kV5;
-        if (!std::strcmp(e, "ring") || !std::strcmp(e, "direct") || !std::strcmp(e, "v5"))
-            return decltype(k){all, all, all};
-        for (int j = 0; j < 3 && e[j]; ++j)
-            k[j] = e[j] == 'r' ? kRing : e[j] == 'd' ? kDirect : e[j] == 'v' ? kV5 : k[j];
-        return k;
-    }();
-    return kinds[i];
-}
-
 int gemv_dispatch(int qtype, const void* w, int64_t n_rows, int k, const float* x, float* y, int accumulate,
                   cudaStream_t s) {
     switch (qtype) {
-        case Q4_K:
-            return gemv_kind(0) == kRing ? gemv_ring_launch<Q4_K>(w, n_rows, k, x, y, accumulate, s)
-                                 : qmm_launch<Q4_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
-        case Q5_K:
-            return gemv_kind(1) == kRing ? gemv_ring_launch<Q5_K>(w, n_rows, k, x, y, accumulate, s)
-                                 : qmm_launch<Q5_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
-        case Q6_K:
-            return gemv_kind(2) == kRing     ? gemv_ring_launch<Q6_K>(w, n_rows, k, x, y, accumulate, s)
-                   : gemv_kind(2) == kDirect ? gemv_q6_launch(w, n_rows, k, x, y, accumulate, s)
-                                     : qmm_launch<Q6_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
+        case Q4_K: return qmm_launch<Q4_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
+        case Q5_K: return qmm_launch<Q5_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
+        case Q6_K: return qmm_launch<Q6_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
         default: return qmm_launch<Q8_0, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
     }
 }

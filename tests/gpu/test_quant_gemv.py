@@ -7,7 +7,8 @@ NaN-poisoned before `accumulate=1` calls (y preset to a known vector: an unwritt
 compared by relative RMS error (fp16 weights and activations into fp32 accumulation: ~3e-4 expected).
 
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_quant_gemv.py [--bench]`, which
-also prints the bandwidth table at the 27B shapes (--gemv-only: just the n = 1 cases of the small shapes).
+also prints the bandwidth table at the 27B shapes (--gemv-bench: only its n = 1 K-quant rows; --bench-one QT ROWS K
+ITERS: one shape, for a profiler).
 """
 
 from __future__ import annotations
@@ -176,26 +177,6 @@ def test_gemm_q_smalln_many_items(qt, n):
     assert err < TOL, f"{qt} N{rows} K{k} n={n}: relative RMS {err:.2e}"
 
 
-# The n = 1 kernel choices that an environment variable picks once per process (cuda/ops/gemv_q.cu,
-# cuda/common/gemv_ring.cuh): each kernel for every type (the ring at three stages per warp; its default is
-# two) whatever the shipped choice is (v5 today). Each runs the n = 1 cases in a child process.
-GEMV_VARIANTS = {"ring-3-stages": {"LUCEBOX_GEMV_KERNEL": "ring", "LUCEBOX_GEMV_STAGES": "3"},
-                 "ring": {"LUCEBOX_GEMV_KERNEL": "ring"}, "direct": {"LUCEBOX_GEMV_KERNEL": "direct"},
-                 "v5": {"LUCEBOX_GEMV_KERNEL": "v5"}}
-
-
-@pytest.mark.parametrize("variant", list(GEMV_VARIANTS))
-def test_gemv_variants(variant):
-    import os
-    import subprocess
-    from pathlib import Path
-
-    env = {**os.environ, **GEMV_VARIANTS[variant]}
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--gemv-only"], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
 def run_pair(qt: str, rows: int, k: int, n: int, pdl: int) -> np.ndarray:
     """One call (accumulate = 0 onto NaN) with programmatic dependent launch on or off; returns y."""
     w, _ = case(qt, rows, k)
@@ -312,9 +293,6 @@ def _main(argv: list[str]) -> int:
         cases += [(qt, r, k, n, n % 2) for r, k in SMALLN_SHAPES for n in NS]
     if any(f in argv for f in ("--bench-only", "--bench-one", "--gemv-bench")):
         cases = []
-    if "--gemv-only" in argv:  # n = 1 of the ring's types (test_gemv_variants); 5120x17408: ~6 items per block
-        cases = [(qt, r, k, 1, a) for qt in ("Q4_K", "Q5_K", "Q6_K") for r, k in GEMV_SHAPES if r != 17408
-                 for a in (0, 1)]
     for qt, r, k, n, acc in cases:
         try:
             err = run_case(qt, r, k, n, acc)
@@ -329,7 +307,7 @@ def _main(argv: list[str]) -> int:
         ms = ctypes.c_float()
         lib().call("lb_bench_qmm", QTYPES[qt], int(rows), int(k), 1, int(iters), ctypes.byref(ms))
         print(f"{qt} {rows}x{k} n = 1: {1e3 * ms.value:.1f} us", flush=True)
-    if "--gemv-bench" in argv:  # the n = 1 rows of the ring's types (A/B of LUCEBOX_GEMV_* settings)
+    if "--gemv-bench" in argv:  # the n = 1 rows of the K-quants
         print(format_table(bandwidth_rows(ns=(1,), types=("Q4_K", "Q5_K", "Q6_K"))), flush=True)
     if "--bench" in argv or "--bench-only" in argv:
         rows = bandwidth_rows(ns=(1,))
