@@ -188,7 +188,12 @@ class DFlashTargetEngine:
         self._state = [(ptr[b.name], b.nbytes) for b in blist if b.category in ("deltanet_state", "conv_state")]
         bufs = Buffers(**{k: ptr[k] for k in ("x", "h", "proj", "act", "qf", "gdn_scratch", "tree_q", "tree_o",
                                               "saves", "partials", "logits", "topk_scratch", "topk_ids", "parents", "positions", "masks", "path")})
-        self._gstate = ptr["gstate"]
+        self._gstate, self._tokbuf = ptr["gstate"], ptr["tokens"]
+        # parents .. tokens sit back to back (buffer_list's order): a verify uploads them in one copy
+        index = [b for b in blist if b.category == "tree_index"]
+        self._index_span = (ptr[index[0].name], sum(b.nbytes for b in index), {b.name: ptr[b.name] - ptr[index[0].name]
+                                                                              for b in index})
+        assert ptr[index[-1].name] + index[-1].nbytes - ptr[index[0].name] == self._index_span[1], "tree index not packed"
         for i in range(cfg.n_layers):
             if cfg.is_attention(i):
                 bufs.attn[i] = AttnLayer(ptr[f"k_cache.{i}"], ptr[f"v_cache.{i}"])
@@ -482,11 +487,13 @@ class DFlashTargetEngine:
                              hint="open the engine with a larger budget (at most 63)")
         self._check_room(n)
         t0 = time.perf_counter()
-        max_saves = self._upload_tree(tree)
         self._pending = None
         if self.use_graphs:
-            self._set_state(self._n_past, 0)
-            self._h2d(self._bufs.x, self._embed(tokens))
+            self._upload_index(tree, tokens)
+            if self._emb_dev is not None:
+                self._layers.issue_embed(self._emb_dev, self._tokbuf, n)
+            else:
+                self._h2d(self._bufs.x, self._embed(tokens))
             self.lib.call("lb_graph_launch", self._tree_exec(n), self._stream)
             self.last_verify_features = self._tap_rows(n)
             if want_logits:
@@ -495,6 +502,7 @@ class DFlashTargetEngine:
             else:
                 logits, argmax = None, self.device_topk(n, 1)[:, 0]
         else:
+            max_saves = self._upload_tree(tree)
             self.last_verify_features = self._forward(tokens, Pass("tree", n, self._n_past, max_saves), keep=False)
             if want_logits:
                 logits = self._logits(0, n)
@@ -547,9 +555,36 @@ class DFlashTargetEngine:
         self._h2d(b.masks, tree_mask_bits(tree))
         return int((save_plan(tree.parents) >= 0).sum())
 
+    def _upload_index(self, tree: Tree, tokens: np.ndarray) -> None:
+        """A graph verify's inputs in one copy: parents, positions (n_past + depth), masks, gstate's n_past and
+        the token ids (the packed tree-index buffers; path is overwritten, commit uploads it again)."""
+        base, nbytes, off = self._index_span
+        n = tree.size
+        stage = np.zeros(nbytes, np.uint8)
+
+        def put(name: str, a: np.ndarray) -> None:
+            a = np.ascontiguousarray(a)
+            stage[off[name] : off[name] + a.nbytes] = a.view(np.uint8).reshape(-1)
+
+        put("parents", tree.parents.astype(np.int32))
+        put("positions", (self._n_past + tree.depth).astype(np.int32))
+        put("masks", tree_mask_bits(tree))
+        put("gstate", np.asarray([self._n_past, 0, 0, 0], np.int32))
+        put("tokens", tokens[:n].astype(np.int32))
+        self._h2d(base, stage)
+
+    def _embed_x(self, tokens: np.ndarray) -> None:
+        """x[0..t) = the tokens' embedding rows: lb_df_embed_q when token_embd is on the device (the host
+        dequantizes ~1.4 ms per 23 Q4_K rows of the 27B), else rows dequantized on the host."""
+        if self._emb_dev is not None:
+            self._h2d(self._tokbuf, tokens.astype(np.int32))
+            self._layers.issue_embed(self._emb_dev, self._tokbuf, tokens.size)
+        else:
+            self._h2d(self._bufs.x, self._embed(tokens))
+
     def _forward(self, tokens: np.ndarray, p: Pass, keep: bool) -> Optional[np.ndarray]:
         """Embed, run every layer; tap rows go to the committed features (keep) or are returned."""
-        self._h2d(self._bufs.x, self._embed(tokens))
+        self._embed_x(tokens)
         taps: dict[int, np.ndarray] = {}
 
         def on_tap(i: int) -> None:

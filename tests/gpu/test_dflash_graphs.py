@@ -8,10 +8,10 @@ package's dequantizer; lb_df_greedy_advance; a capture broken by a synchronous c
 and leaves the stream usable.
 
 Engine, on the tiny Q4_K_M GGUFs (test_dflash_engine.py's): the same session (prefill, steps with
-logits, branched verifies with commits, greedy steps; scratch NaN-poisoned before every call) with graphs
-and without, logits within fp32 rounding (rel RMS < 1e-5: the graph's attention splits the keys over a
-different number of blocks, and the GEMMs' fp32 atomics add in any order) and the same tokens but at
-genuine near-ties; the greedy loop (steps queued ahead) equals step_argmax without graphs and the CPU
+logits, branched verifies with commits, greedy steps; scratch NaN-poisoned before every call) twice with
+graphs and twice without: graph vs no graph within 3x the run-to-run floor of either (the GEMMs' fp32
+atomics add in any order and activations are rounded to fp16 before the next GEMM, so identical calls
+already differ; measured, not assumed) and the same ids but at near-ties; the greedy loop (steps queued ahead) equals step_argmax without graphs and the CPU
 engine's greedy tokens. test_dflash_engine.py runs every other engine check with graphs on (the default).
 
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_dflash_graphs.py`.
@@ -30,11 +30,14 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "tests" / "unit"), str
 from gdn_attn_dev import Pool, assert_close, call  # noqa: E402
 from gpu_lib import lib, pytest  # noqa: E402
 from test_attn_ops import KV, TOL, Case, mask_bits, random_tree  # noqa: E402
-from test_dflash_engine import VOCAB, branched_tree, pair, rel  # noqa: E402
+from test_dflash_engine import VOCAB, assert_same_or_near_tie, branched_tree, pair, rel  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-GRAPH_TOL = 1e-5  # graph vs no graph: fp32 rounding only
+# an argmax may differ between two runs of the same call only where the best two logits are this close (of
+# the row's scale): the run-to-run floor of the logits measured on the H200 (5.6e-4 rel RMS between two
+# identical no-graph prefills of the tiny models, 2584f30) with margin
+NEAR_TIE = 2e-3
 
 
 # ---- ops ----
@@ -161,52 +164,82 @@ def test_broken_capture_fails_cleanly():
 
 
 def _session(gpu, ids, steps=6):
-    """Results of prefill, logits steps, two verifies + commits (logits, then argmax), greedy steps; scratch
-    poisoned before every call. Returns [(what, array)]."""
+    """[(what, array)] of a fixed session: prefill, steps fed fixed tokens (an argmax flip at a near-tie can
+    not change what follows), a verify with logits and one with ids only (+ the logits the device kept),
+    commits, step_argmax (+ its logits); scratch poisoned before every call."""
+    feed = np.random.default_rng(99).integers(0, VOCAB, steps + 4).tolist()
+    V = gpu.cfg.vocab
+
+    def kept(n):  # the logits rows the last call left on the device (greedy calls copy only ids)
+        return gpu._d2h(gpu._bufs.logits, np.float32, (n, V))
+
     out = []
     gpu.poison()
     out.append(("prefill", gpu.prefill(ids)))
-    tok = int(np.argmax(out[-1][1]))
     for i in range(steps):
         gpu.poison()
-        out.append((f"step {i}", gpu.step(tok)))
-        tok = int(np.argmax(out[-1][1]))
+        out.append((f"step {i}", gpu.step(feed[i])))
     for j, seed in enumerate((21, 22)):
         tree = branched_tree(seed, 23 if j else 17)
         gpu.poison()
         res = gpu.verify(tree, want_logits=j == 0)
-        out.append((f"verify {j}", res.logits if res.logits is not None else res.argmax))
+        out.append((f"verify {j} logits", res.logits if res.logits is not None else kept(tree.size)))
+        out.append((f"verify {j} ids", np.asarray(res.argmax)))
         if gpu.last_verify_features is not None:
             out.append((f"verify {j} taps", gpu.last_verify_features))
         gpu.commit(tree.path_to(int(np.argmax(tree.depth))))
         gpu.poison()
-        tok = gpu.step_argmax(tok)
-        out.append((f"argmax after verify {j}", np.asarray([tok])))
-        gpu.poison()
-        out.append((f"step after verify {j}", gpu.step(tok)))
-        tok = int(np.argmax(out[-1][1]))
+        tok = gpu.step_argmax(feed[steps + j])
+        out.append((f"step_argmax {j} logits", kept(1)))
+        out.append((f"step_argmax {j} ids", np.asarray([tok])))
     out.append(("features", gpu.features))
     return out
 
 
+def _compare(a_run, b_run, rel_gap):
+    """{what: rel RMS} of the float entries; ids must match but at near-ties of a's logits (rel_gap)."""
+    rels = {}
+    for (what, a), (_, b) in zip(a_run, b_run):
+        if a.dtype.kind == "f":
+            assert np.isfinite(a).all() and np.isfinite(b).all(), f"{what}: NaN / Inf (poisoned scratch read)"
+            rels[what] = rel(a, b)
+        else:
+            logits = dict(a_run)[what.replace(" ids", " logits")]
+            assert_same_or_near_tie(b, a, logits.reshape(len(a), -1), what, rel_gap=rel_gap)
+    return rels
+
+
 @pytest.mark.parametrize("n_layers", [4, 8])
 def test_graphs_equal_no_graphs(n_layers):
+    """Graph and no-graph sessions agree as closely as two runs of either agree with themselves: the GEMMs'
+    fp32 atomics add in any order and the activations are rounded to fp16 before the next GEMM, so two
+    identical calls already differ (the run-to-run floor, measured here and written to
+    $OUT/graph_floor_<n>.json); graphs must stay within 3x that floor (at least 1e-4, at most 2e-3: well under
+    the 1e-2 the GPU is held to against the CPU engine)."""
+    import json
+    import os
+
     gpu, cpu = pair(n_layers)
     try:
         assert gpu.use_graphs, "graphs should be on by default on this library"
         ids = np.random.default_rng(n_layers + 40).integers(0, VOCAB, 70)
-        with_g = _session(gpu, ids)
-        gpu.reset()
-        gpu.use_graphs = False
-        without = _session(gpu, ids)
-        for (what, a), (_, b) in zip(with_g, without):
-            if a.dtype.kind == "f":
-                assert np.isfinite(a).all(), f"{what}: NaN / Inf with graphs (poisoned scratch read)"
-                assert rel(a, b) < GRAPH_TOL, f"{what}: graph vs no graph rel RMS {rel(a, b):.3g}"
-            else:
-                assert a.tolist() == b.tolist(), f"{what}: {a.tolist()} vs {b.tolist()}"
-        cl = cpu.prefill(ids)
-        assert rel(with_g[0][1], cl) < 1e-2
+        runs = {}
+        for name, graphs in (("g1", True), ("g2", True), ("n1", False), ("n2", False)):
+            gpu.reset()
+            gpu.use_graphs = graphs
+            runs[name] = _session(gpu, ids)
+        floor_g = _compare(runs["g1"], runs["g2"], NEAR_TIE)
+        floor_n = _compare(runs["n1"], runs["n2"], NEAR_TIE)
+        cross = _compare(runs["n1"], runs["g1"], NEAR_TIE)
+        floor = max(max(floor_g.values()), max(floor_n.values()), 1e-6)
+        report = {"floor_graphs": floor_g, "floor_no_graphs": floor_n, "graphs_vs_no_graphs": cross}
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], f"graph_floor_{n_layers}.json").write_text(json.dumps(report, indent=1))
+        # 1e-4: the fixed split count of the graph's attention alone rounds differently (then amplified like
+        # the floor), should the GEMMs happen to agree bit for bit run to run
+        for what, r in cross.items():
+            assert r < min(max(3 * floor, 1e-4), 2e-3), f"{what}: graph vs no graph rel RMS {r:.3g} (floor {floor:.3g})"
+        assert rel(dict(runs["g1"])["prefill"], cpu.prefill(ids)) < 1e-2
     finally:
         gpu.close()
 
