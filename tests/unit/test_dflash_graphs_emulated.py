@@ -196,3 +196,16 @@ def test_spec_none_through_the_loop(gguf, max_tokens, max_context, eos_at):
     assert lib.launches >= got.steps and "lb_event_sync" in lib.calls
     eng.close()
     ref_eng.close()
+
+
+def test_bench_tg_row_runs_the_loop(gguf):
+    """bench speed's tg row over the engine's greedy loop: n decode steps from the prompt's context (the
+    prefill's argmax is the first token fed, not counted)."""
+    from lucebox_cli.bench.runner import make_tg
+
+    eng, lib = engine(gguf, taps=())
+    prompt = list(range(1, 12))
+    dt, n, _ = make_tg(eng, prompt, 9)()
+    assert n == 9 and dt > 0 and eng.n_past == len(prompt) + 9
+    assert lib.launches == 9 and lib.calls.count("lb_event_sync") == 9
+    eng.close()
