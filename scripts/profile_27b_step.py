@@ -5,7 +5,11 @@
 Why: the bench gives the step's wall time; this splits it into GPU-busy time per kernel family and the idle
 gaps between kernels (launch overhead, host work, syncs), which is what decides between faster kernels and
 CUDA graphs. torch.profiler records every kernel of the process's CUDA context through CUPTI, so the
-library's kernels (launched through ctypes, on its own stream) show up too.
+library's kernels (launched through ctypes, on its own stream, or replayed from a CUDA graph) show up too.
+
+With the engine's CUDA graphs on (the default) it also times the device-resident greedy loop
+(greedy_tokens: steps queued ahead, per step) and, as the A/B, the decode step and the verify with
+graphs off (use_graphs = False: the recorded Programs, one ctypes call per kernel).
 """
 from __future__ import annotations
 
@@ -81,20 +85,38 @@ def main(argv: list[str]) -> int:
     tree = verify_tree(23, eng.cfg.vocab)
     out = []
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(a.reps):
-            tok = greedy_step(eng, tok)
-        wall = (time.perf_counter() - t0) / a.reps * 1e3
-    out.append(_summary("decode step", wall, _events(prof), a.reps))
+    def step_and_verify(tag: str) -> None:
+        nonlocal tok
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(a.reps):
+                tok = greedy_step(eng, tok)
+            wall = (time.perf_counter() - t0) / a.reps * 1e3
+        out.append(_summary(f"decode step{tag}", wall, _events(prof), a.reps))
+        greedy_verify(eng, tree)  # warm-up of the tree program / graph
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(a.reps):
+                greedy_verify(eng, tree)
+            wall = (time.perf_counter() - t0) / a.reps * 1e3
+        out.append(_summary(f"verify 23{tag}", wall, _events(prof), a.reps))
 
-    greedy_verify(eng, tree)  # warm-up of the tree program
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(a.reps):
-            greedy_verify(eng, tree)
-        wall = (time.perf_counter() - t0) / a.reps * 1e3
-    out.append(_summary("verify 23", wall, _events(prof), a.reps))
+    graphs = bool(getattr(eng, "use_graphs", False))
+    step_and_verify(" (graphs)" if graphs else "")
+    if graphs:
+        n_loop = 4 * a.reps
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            toks = list(eng.greedy_tokens(tok, n_loop))
+            wall = (time.perf_counter() - t0) / n_loop * 1e3
+        tok = toks[-1]
+        out.append(_summary(f"greedy loop (graphs, {n_loop} steps queued ahead), per step", wall, _events(prof),
+                            n_loop))
+        eng.use_graphs = False
+        for _ in range(2):  # warm-up of the step program
+            tok = greedy_step(eng, tok)
+        step_and_verify(" (no graphs, A/B)")
+        eng.use_graphs = True
 
     for sel in [int(v) for v in a.prefill_selects.split(",") if v.strip()]:
         eng.lib.call("lb_qmm_smalln_select", sel)

@@ -177,6 +177,30 @@ LB_API int lb_dev_sync(void);
 LB_API int lb_stream_create(void** out);
 LB_API int lb_stream_destroy(void* stream);
 
+/* ---- CUDA graphs, events, mapped host memory (cuda/core/graph.cu) -----------------------------
+ * lb_graph_begin starts capturing `stream` (an lb_stream_create stream, not NULL; thread-local mode);
+ * the calls that follow on that stream are recorded, not run, until lb_graph_end, which instantiates
+ * them into *exec (an opaque executable graph) and leaves capture mode even when it fails: an unsafe
+ * call inside the capture (a synchronous copy, an allocation, legacy-stream work) or a failed launch
+ * makes it fail with LB_ERR_CUDA and *exec = NULL. lb_graph_launch replays the whole graph on a stream
+ * with the arguments it was captured with (what must vary lives in device memory the kernels read). */
+LB_API int lb_graph_begin(void* stream);
+LB_API int lb_graph_end(void* stream, void** exec);
+LB_API int lb_graph_launch(void* exec, void* stream);
+LB_API int lb_graph_destroy(void* exec);
+/* Events without timing, for the host to follow queued work: record on a stream, query (*done = 1 when
+ * everything before the record finished), wait. */
+LB_API int lb_event_create(void** out);
+LB_API int lb_event_record(void* event, void* stream);
+LB_API int lb_event_query(void* event, int* done);
+LB_API int lb_event_sync(void* event);
+LB_API int lb_event_destroy(void* event);
+/* Pinned host memory mapped into the device's address space (the same pointer on both sides:
+ * unified addressing; LB_ERR_UNSUPPORTED without it): kernels write results the host reads after an
+ * event, with no copy queued. */
+LB_API int lb_host_alloc(uint64_t nbytes, void** out);
+LB_API int lb_host_free(void* ptr);
+
 /* ---- 27B DeltaNet (cuda/ops/gdn_conv.cu, gdn_delta.cu, gdn_chunked.cu) ------------------------
  * Any Hk key heads and Hv value heads (Hv % Hk == 0; value head p reads key head p % Hk), dk = dv = 128,
  * fp32 everywhere, the layouts of lucebox_cli/engines/cpu.py: pre-conv inputs pre [t, ld_pre] (first
@@ -265,6 +289,21 @@ LB_API int lb_attn_tree(const void* qf, const void* k_cache, const void* v_cache
 LB_API int lb_attn_causal(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype, const void* gate,
                           int gate_ld, int gate_hs, void* out, void* partials, int max_splits, int t, int pos0,
                           int n_heads, int n_kv_heads, int max_ctx, void* stream);
+/* Graph forms (a pass captured once, replayed at every n_past): pos0 / n_past read on the device from
+ * a device int32 (pos0_dev, n_past_dev) when the kernels run. The split count of the split-KV forms is
+ * then fixed by the SM count and max_splits (splits past the context come out empty), and the host
+ * can not check the rows: the caller keeps *pos0_dev + t <= max_ctx. Same math as the forms above. */
+LB_API int lb_attn_prep_at(const void* qg, int ld_q, const void* k, const void* v, int ld_kv, const void* q_norm,
+                           const void* k_norm, const void* positions, const void* pos0_dev, void* qf, void* k_cache,
+                           void* v_cache, int kv_dtype, int t, int n_heads, int n_kv_heads, int max_ctx, int rope_dims,
+                           float eps, float theta, void* stream);
+/* lb_attn_decode with n_ctx = *n_past_dev + 1 (the query's own K/V at row *n_past_dev). */
+LB_API int lb_attn_decode_at(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype, const void* gate,
+                             int gate_ld, int gate_hs, void* out, void* partials, int max_splits,
+                             const void* n_past_dev, int n_heads, int n_kv_heads, int max_ctx, void* stream);
+LB_API int lb_attn_tree_at(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype, const void* gate,
+                           int gate_ld, int gate_hs, void* out, void* partials, int max_splits, const void* masks,
+                           int n, const void* n_past_dev, int n_heads, int n_kv_heads, int max_ctx, void* stream);
 
 /* ================================================================================================
  * Megakernel (cuda/megakernel/*.cu): persistent 0.8B decode kernel behind an opaque handle.
@@ -403,6 +442,15 @@ LB_API int lb_df_kv_compact(void* cache, const void* path, int n, int n_past, in
 LB_API uint64_t lb_df_topk_scratch_bytes(int rows, int cols, int k);
 LB_API int lb_df_topk(const void* x, int rows, int cols, int ld, int k, void* scratch, void* ids, void* vals,
                       void* stream);
+/* ---- device-resident greedy loop (cuda/dflash/df_embed.cu) ----------------------------------------
+ * out[i, :] (fp32 [t, k]) = row ids[i] (device int32 [t]) of W [n_rows, k] of qtype (Q4_K, Q5_K, Q6_K,
+ * Q8_0) in the device layout, dequantized as ggml does; an id outside [0, n_rows) gives a NaN row. */
+LB_API int lb_df_embed_q(int qtype, const void* w, int n_rows, int k, const void* ids, int t, void* out,
+                         void* stream);
+/* The greedy step's tail, one thread: state (device int32 [3]) = {n_past, token, steps}; token = ids[0],
+ * ring[steps % ring_n] = ids[0] (ring: lb_host_alloc memory the host reads after the step's event),
+ * steps += 1, n_past += 1. */
+LB_API int lb_df_greedy_advance(void* state, const void* ids, void* ring, int ring_n, void* stream);
 
 #ifdef __cplusplus
 }

@@ -29,6 +29,13 @@ constexpr int THREADS = 256;
 constexpr int KW = HD / 2 + 1;  // padded K/V smem row in 32-bit words: conflict-free in both phases
 constexpr int PF = BKV * (HD / 8) / THREADS;  // 16-byte K (and V) chunks each thread prefetches per tile
 
+// Keys per split when the position is read on the device (pos_dev): the host's formula for kv_rows keys
+// over n_splits blocks, a multiple of BKV; splits past the last key come out empty.
+__device__ __forceinline__ int device_split_len(int kv_rows, int n_splits) {
+    const int len = (kv_rows + n_splits - 1) / n_splits;
+    return (len + BKV - 1) / BKV * BKV;
+}
+
 // Probabilities are kept transposed, Ps[key][row] with rows padded to R + 4: the PV phase then reads 4
 // rows of one key with one 16-byte broadcast load (the scores' writes take a 4-way bank conflict, once
 // per tile, instead of 16 scalar loads per key).
@@ -41,7 +48,7 @@ constexpr size_t smem_bytes() {
 }
 
 template <int R, int KVT>
-__global__ void __launch_bounds__(THREADS) attn_kernel(const Params P) {
+__global__ void __launch_bounds__(THREADS) attn_kernel(const Params P, const int32_t* __restrict__ pos_dev) {
     constexpr int PR = prow<R>();
     extern __shared__ __align__(16) float sm[];
     unsigned long long* rmask = reinterpret_cast<unsigned long long*>(sm);  // [R] tree mask of each row
@@ -60,8 +67,10 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nt = min(QT, P.Tq - t0);
     const bool tree = P.mask != nullptr;
-    const int kv_end = tree ? P.pos0 + P.Tq : P.pos0 + t0 + nt;
-    const int kb0 = split * P.split_len, kb1 = min(kb0 + P.split_len, kv_end);
+    const int pos0 = pos_dev ? *pos_dev : P.pos0;
+    const int split_len = pos_dev ? device_split_len(pos0 + P.Tq, P.n_splits) : P.split_len;
+    const int kv_end = tree ? pos0 + P.Tq : pos0 + t0 + nt;
+    const int kb0 = split * split_len, kb1 = min(kb0 + split_len, kv_end);
 
     const uint16_t* kbase = P.kc + (size_t)g * P.max_ctx * HD;
     const uint16_t* vbase = P.vc + (size_t)g * P.max_ctx * HD;
@@ -102,7 +111,7 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P) {
     if (tid < R) {
         const int tt = tid / G;
         const bool on = tt < nt;
-        rlim[tid] = on ? P.pos0 + t0 + tt : -1;
+        rlim[tid] = on ? pos0 + t0 + tt : -1;
         rmask[tid] = on && tree ? P.mask[t0 + tt] : 0ull;
         mrow[tid] = -INFINITY;
         lrow[tid] = 0.0f;
@@ -146,7 +155,7 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P) {
                 const int r = warp + 8 * a;
                 bool vis = rlim[r] >= 0 && key < kb1;
                 if (tree) {
-                    const int j = key - P.pos0;
+                    const int j = key - pos0;
                     vis = vis && (j < 0 || ((rmask[r] >> j) & 1ull));
                 } else {
                     vis = vis && key <= rlim[r];
@@ -328,7 +337,7 @@ __device__ __forceinline__ uint32_t tile_bits(unsigned long long mk, bool on, in
 }
 
 template <int KVT>
-__global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P) {
+__global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const int32_t* __restrict__ pos_dev) {
     extern __shared__ __align__(16) uint16_t hs[];
     uint16_t* Qh = hs;             // [MR][LD] hi halves of q / 16
     uint16_t* Ql = Qh + MR * LD;   // [MR][LD] lo halves
@@ -342,8 +351,10 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, qd = lane & 3;
     const int hh = warp & 1;  // which half of the head dims
     const int nt = min(QT, P.Tq - t0);
-    const int kv_end = P.pos0 + P.Tq;
-    const int kb0 = split_i * P.split_len, kb1 = min(kb0 + P.split_len, kv_end);
+    const int pos0 = pos_dev ? *pos_dev : P.pos0;
+    const int split_len = pos_dev ? device_split_len(pos0 + P.Tq, P.n_splits) : P.split_len;
+    const int kv_end = pos0 + P.Tq;
+    const int kb0 = split_i * split_len, kb1 = min(kb0 + split_len, kv_end);
     const uint16_t* kbase = P.kc + (size_t)gk * P.max_ctx * HD;
     const uint16_t* vbase = P.vc + (size_t)gk * P.max_ctx * HD;
 
@@ -435,7 +446,7 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P) {
 
         // visibility and the online softmax, rows A and B (a quad of lanes shares each row)
         float xA = -INFINITY, xB = -INFINITY;
-        const uint32_t bA = tile_bits(mkA, onA, kb, kb1, P.pos0), bB = tile_bits(mkB, onB, kb, kb1, P.pos0);
+        const uint32_t bA = tile_bits(mkA, onA, kb, kb1, pos0), bB = tile_bits(mkB, onB, kb, kb1, pos0);
 #pragma unroll
         for (int n8 = 0; n8 < BK / 8; ++n8)
 #pragma unroll
@@ -538,25 +549,25 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P) {
 }
 
 template <int KVT>
-cudaError_t launch(const Params& P, cudaStream_t s) {
+cudaError_t launch(const Params& P, const int32_t* pos_dev, cudaStream_t s) {
     const size_t smem = smem_bytes();
     cudaError_t e = cudaFuncSetAttribute(tree_kernel<KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int qt = MR / P.group;
     const dim3 grid((unsigned)((P.Tq + qt - 1) / qt), (unsigned)P.nkv, (unsigned)P.n_splits);
-    return lb::launch_pdl(tree_kernel<KVT>, grid, dim3(THREADS), smem, s, P);
+    return lb::launch_pdl(tree_kernel<KVT>, grid, dim3(THREADS), smem, s, P, pos_dev);
 }
 
 }  // namespace tc
 
 template <int R, int KVT>
-cudaError_t launch(const Params& P, cudaStream_t s) {
+cudaError_t launch(const Params& P, const int32_t* pos_dev, cudaStream_t s) {
     const size_t smem = smem_bytes<R>();
     cudaError_t e = cudaFuncSetAttribute(attn_kernel<R, KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int qt = R / P.group;
     const dim3 grid((unsigned)((P.Tq + qt - 1) / qt), (unsigned)P.nkv, (unsigned)P.n_splits);
-    return lb::launch_pdl(attn_kernel<R, KVT>, grid, dim3(THREADS), smem, s, P);
+    return lb::launch_pdl(attn_kernel<R, KVT>, grid, dim3(THREADS), smem, s, P, pos_dev);
 }
 
 }  // namespace
@@ -565,7 +576,7 @@ size_t partials_bytes(int tq, int nh, int max_splits) {
     return max_splits > 1 ? (size_t)max_splits * tq * nh * (HD + 2) * 4 : 0;
 }
 
-int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s) {
+int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s, const int32_t* pos_dev) {
     // tree verify: tensor cores (tc::tree_kernel); decode and causal prefill: the fp32 kernel
     const bool tc_tree = P.mask != nullptr;
     const int R = P.Tq == 1 ? 8 : 32;
@@ -581,22 +592,31 @@ int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s) 
         if (e != cudaSuccess) return (int)e;
         // about two blocks per SM, never a split shorter than one tile
         const int want = (2 * sms + qtiles * P.nkv - 1) / (qtiles * P.nkv);
-        splits = std::max(1, std::min({want, max_splits, (kv_rows + BKV - 1) / BKV}));
+        // with the position on the device (a CUDA graph replayed at every n_past) the split count can not
+        // follow the context: it is fixed here and the kernels size the splits from *pos_dev (splits past
+        // the last key come out empty, m = -inf and l = 0, which the combine weighs 0)
+        splits = pos_dev ? std::max(1, std::min(want, max_splits))
+                         : std::max(1, std::min({want, max_splits, (kv_rows + BKV - 1) / BKV}));
     }
-    P.split_len = (kv_rows + splits - 1) / splits;
-    P.split_len = (P.split_len + BKV - 1) / BKV * BKV;
-    P.n_splits = (kv_rows + P.split_len - 1) / P.split_len;
+    if (pos_dev) {
+        P.n_splits = splits;
+        P.split_len = 0;  // unused: the kernels take device_split_len(*pos_dev + Tq, n_splits)
+    } else {
+        P.split_len = (kv_rows + splits - 1) / splits;
+        P.split_len = (P.split_len + BKV - 1) / BKV * BKV;
+        P.n_splits = (kv_rows + P.split_len - 1) / P.split_len;
+    }
     if (P.n_splits > 1) {
         P.part_acc = static_cast<float*>(partials);
         P.part_ml = P.part_acc + (size_t)P.n_splits * P.Tq * P.nh * HD;
     }
     cudaError_t e;
     if (tc_tree)
-        e = kv_dtype == KV_BF16 ? tc::launch<KV_BF16>(P, s) : tc::launch<KV_F16>(P, s);
+        e = kv_dtype == KV_BF16 ? tc::launch<KV_BF16>(P, pos_dev, s) : tc::launch<KV_F16>(P, pos_dev, s);
     else if (R == 8)
-        e = kv_dtype == KV_BF16 ? launch<8, KV_BF16>(P, s) : launch<8, KV_F16>(P, s);
+        e = kv_dtype == KV_BF16 ? launch<8, KV_BF16>(P, pos_dev, s) : launch<8, KV_F16>(P, pos_dev, s);
     else
-        e = kv_dtype == KV_BF16 ? launch<32, KV_BF16>(P, s) : launch<32, KV_F16>(P, s);
+        e = kv_dtype == KV_BF16 ? launch<32, KV_BF16>(P, pos_dev, s) : launch<32, KV_F16>(P, pos_dev, s);
     if (e != cudaSuccess || P.n_splits == 1) return (int)e;
     return (int)lb::launch_pdl(combine_kernel, dim3(P.Tq * P.nh), dim3(HD), 0, s, P);
 }

@@ -20,11 +20,12 @@ __global__ void __launch_bounds__(256) prep_kernel(const float* __restrict__ qg,
                                                    const float* __restrict__ v, int ld_kv,
                                                    const float* __restrict__ q_norm, const float* __restrict__ k_norm,
                                                    const int32_t* __restrict__ positions, int pos0,
+                                                   const int32_t* __restrict__ pos_dev,
                                                    float* __restrict__ qf, uint16_t* __restrict__ kc,
                                                    uint16_t* __restrict__ vc, int nh, int nkv, int max_ctx,
                                                    int rope_dims, float eps, float theta) {
     extern __shared__ float buf[];  // [nh + nkv][HD] normed heads, then cos [half], sin [half]
-    const int t = blockIdx.x, row = pos0 + t, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nu = nh + nkv, half = rope_dims / 2;
     float* cs = buf + nu * HD;
     float* sn = cs + half;
@@ -38,9 +39,12 @@ __global__ void __launch_bounds__(256) prep_kernel(const float* __restrict__ qg,
         }
     };
     lb::pdl_trigger();
-    if (!positions) rope_table(row);
+    // pos_dev (graph replays): the position is data, read after the wait like the activations
+    if (!positions && !pos_dev) rope_table(pos0 + t);
     lb::pdl_wait();
+    const int row = (pos_dev ? *pos_dev : pos0) + t;
     if (positions) rope_table(positions[t]);
+    else if (pos_dev) rope_table(row);
     for (int u = warp; u < nu; u += 8) {
         const float* src = u < nh ? qg + (size_t)t * ld_q + u * 2 * HD : k + (size_t)t * ld_kv + (u - nh) * HD;
         const float* w = u < nh ? q_norm : k_norm;
@@ -81,13 +85,14 @@ __global__ void __launch_bounds__(256) prep_kernel(const float* __restrict__ qg,
 
 int prep(const float* qg, int ld_q, const float* k, const float* v, int ld_kv, const float* q_norm,
          const float* k_norm, const int32_t* positions, int pos0, float* qf, uint16_t* kc, uint16_t* vc, int kv_dtype,
-         int T, int nh, int nkv, int max_ctx, int rope_dims, float eps, float theta, cudaStream_t s) {
+         int T, int nh, int nkv, int max_ctx, int rope_dims, float eps, float theta, cudaStream_t s,
+         const int32_t* pos_dev) {
     const size_t smem = ((size_t)(nh + nkv) * HD + rope_dims) * 4;
     auto kern = kv_dtype == KV_BF16 ? prep_kernel<KV_BF16> : prep_kernel<KV_F16>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return (int)e;
     return (int)lb::launch_pdl(kern, dim3(T), dim3(256), smem, s, qg, ld_q, k, v, ld_kv, q_norm, k_norm, positions, pos0,
-                               qf, kc, vc, nh, nkv, max_ctx, rope_dims, eps, theta);
+                               pos_dev, qf, kc, vc, nh, nkv, max_ctx, rope_dims, eps, theta);
 }
 
 }  // namespace attn
@@ -108,5 +113,27 @@ extern "C" LB_API int lb_attn_prep(const void* qg, int ld_q, const void* k, cons
         static_cast<const float*>(q_norm), static_cast<const float*>(k_norm), static_cast<const int32_t*>(positions),
         pos0, static_cast<float*>(qf), static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache), kv_dtype, t,
         n_heads, n_kv_heads, max_ctx, rope_dims, eps, theta, static_cast<cudaStream_t>(stream)));
+    return LB_OK;
+}
+
+// lb_attn_prep with pos0 read on the device (*pos0_dev), for CUDA graphs replayed at every n_past. The
+// host can not check the cache rows: the caller keeps *pos0_dev + t <= max_ctx.
+extern "C" LB_API int lb_attn_prep_at(const void* qg, int ld_q, const void* k, const void* v, int ld_kv,
+                                      const void* q_norm, const void* k_norm, const void* positions,
+                                      const void* pos0_dev, void* qf, void* k_cache, void* v_cache, int kv_dtype, int t,
+                                      int n_heads, int n_kv_heads, int max_ctx, int rope_dims, float eps, float theta,
+                                      void* stream) {
+    LB_CHECK_ARG(qg && k && v && q_norm && k_norm && qf && k_cache && v_cache && pos0_dev, "null pointer");
+    LB_CHECK_ARG(kv_dtype == LB_KV_F16 || kv_dtype == LB_KV_BF16, "kv_dtype must be LB_KV_F16 or LB_KV_BF16");
+    LB_CHECK_ARG(t >= 1 && n_heads >= 1 && n_kv_heads >= 1 && t <= max_ctx, "bad sizes");
+    LB_CHECK_ARG(rope_dims >= 2 && rope_dims % 2 == 0 && rope_dims <= attn::HD, "rope_dims must be even, <= 256");
+    LB_CHECK_ARG(ld_q >= n_heads * 2 * attn::HD && ld_kv >= n_kv_heads * attn::HD, "row strides too small");
+    LB_CHECK_ARG(((size_t)(n_heads + n_kv_heads) * attn::HD + rope_dims) * 4 <= 96 * 1024, "too many heads for one block's shared memory");
+    LB_CUDA_TRY((cudaError_t)attn::prep(
+        static_cast<const float*>(qg), ld_q, static_cast<const float*>(k), static_cast<const float*>(v), ld_kv,
+        static_cast<const float*>(q_norm), static_cast<const float*>(k_norm), static_cast<const int32_t*>(positions),
+        0, static_cast<float*>(qf), static_cast<uint16_t*>(k_cache), static_cast<uint16_t*>(v_cache), kv_dtype, t,
+        n_heads, n_kv_heads, max_ctx, rope_dims, eps, theta, static_cast<cudaStream_t>(stream),
+        static_cast<const int32_t*>(pos0_dev)));
     return LB_OK;
 }

@@ -66,3 +66,34 @@ extern "C" LB_API int lb_attn_causal(const void* qf, const void* k_cache, const 
     LB_CUDA_TRY((cudaError_t)attn::run(P, kv_dtype, partials, max_splits, static_cast<cudaStream_t>(stream)));
     return LB_OK;
 }
+
+// The graph forms (CUDA graphs replayed at every n_past): n_past read on the device (*n_past_dev); the
+// split count is fixed by the SM count and max_splits, not the context (attn::run). The caller keeps
+// *n_past_dev + n <= max_ctx (the host can not check it).
+extern "C" LB_API int lb_attn_tree_at(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype,
+                                      const void* gate, int gate_ld, int gate_hs, void* out, void* partials,
+                                      int max_splits, const void* masks, int n, const void* n_past_dev, int n_heads,
+                                      int n_kv_heads, int max_ctx, void* stream) {
+    if (int st = check_common(qf, k_cache, v_cache, kv_dtype, gate, out, n_heads, n_kv_heads)) return st;
+    LB_CHECK_ARG(masks && n >= 1 && n <= attn::MAX_TREE, "a tree has 1..64 slots and a mask per slot");
+    LB_CHECK_ARG(n_past_dev && n <= max_ctx, "null n_past_dev, or a tree larger than the cache");
+    const attn::Params P = params(qf, k_cache, v_cache, gate, gate_ld, gate_hs, out, masks, n, 0, n_heads,
+                                  n_kv_heads, max_ctx);
+    LB_CUDA_TRY((cudaError_t)attn::run(P, kv_dtype, partials, max_splits, static_cast<cudaStream_t>(stream),
+                                       static_cast<const int32_t*>(n_past_dev)));
+    return LB_OK;
+}
+
+// One decode query at row *n_past_dev over rows [0, *n_past_dev] (lb_attn_decode with n_ctx = *n_past_dev + 1).
+extern "C" LB_API int lb_attn_decode_at(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype,
+                                        const void* gate, int gate_ld, int gate_hs, void* out, void* partials,
+                                        int max_splits, const void* n_past_dev, int n_heads, int n_kv_heads,
+                                        int max_ctx, void* stream) {
+    if (int st = check_common(qf, k_cache, v_cache, kv_dtype, gate, out, n_heads, n_kv_heads)) return st;
+    LB_CHECK_ARG(n_past_dev && max_ctx >= 1, "null n_past_dev or empty cache");
+    const attn::Params P = params(qf, k_cache, v_cache, gate, gate_ld, gate_hs, out, nullptr, 1, 0, n_heads,
+                                  n_kv_heads, max_ctx);
+    LB_CUDA_TRY((cudaError_t)attn::run(P, kv_dtype, partials, max_splits, static_cast<cudaStream_t>(stream),
+                                       static_cast<const int32_t*>(n_past_dev)));
+    return LB_OK;
+}

@@ -3,8 +3,9 @@
 `speed_rows(model, engine, profile, n_prompt, n_gen, reps)` returns one row per test:
   - pp<N>: reset, then time prefill of N prompt tokens (random ids, fixed seed);
   - tg<N>: reset, prefill the same N-token prompt untimed, then time N generated tokens starting from
-    that context (engine.decode(n) where the engine has it, else a greedy step loop). The prefill's own
-    argmax token is not counted.
+    that context (engine.decode(n) where the engine has it, else its greedy loop greedy_tokens(tok, n) from
+    the prefill's argmax: N decode steps, queued ahead on the device by engines/dflash.py, else a greedy
+    step loop). The prefill's own argmax token is not counted.
 Warm-up runs (default 1 per test) are excluded. Energy (NVML) is read around each timed region only
 (the tg test's untimed prefill is outside it); when the timed regions add up to under a second, extra
 runs extend the energy window, so tok/J does not rest on a counter that ticked once.
@@ -84,6 +85,9 @@ def make_tg(engine: Any, prompt: list[int], n_gen: int, meter: Optional[EnergyMe
         e0, t0 = _energy(meter), time.perf_counter()
         if hasattr(engine, "decode"):
             engine.decode(n_gen)
+        elif hasattr(engine, "greedy_tokens"):
+            for _ in engine.greedy_tokens(int(np.argmax(logits)), n_gen):
+                pass
         else:
             tok = int(np.argmax(logits))
             for _ in range(n_gen):

@@ -141,6 +141,18 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_dev_sync": (c_int, []),
     "lb_stream_create": (c_int, [POINTER(ctypes.c_void_p)]),
     "lb_stream_destroy": (c_int, [ctypes.c_void_p]),
+    # CUDA graphs, events, mapped host memory (cuda/core/graph.cu)
+    "lb_graph_begin": (c_int, [ctypes.c_void_p]),
+    "lb_graph_end": (c_int, [ctypes.c_void_p, POINTER(ctypes.c_void_p)]),
+    "lb_graph_launch": (c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+    "lb_graph_destroy": (c_int, [ctypes.c_void_p]),
+    "lb_event_create": (c_int, [POINTER(ctypes.c_void_p)]),
+    "lb_event_record": (c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+    "lb_event_query": (c_int, [ctypes.c_void_p, POINTER(c_int)]),
+    "lb_event_sync": (c_int, [ctypes.c_void_p]),
+    "lb_event_destroy": (c_int, [ctypes.c_void_p]),
+    "lb_host_alloc": (c_int, [c_uint64, POINTER(ctypes.c_void_p)]),
+    "lb_host_free": (c_int, [ctypes.c_void_p]),
     # 27B DeltaNet (cuda/ops/gdn_*.cu)
     "lb_gdn_conv_prep": (c_int, [ctypes.c_void_p, c_int] + [ctypes.c_void_p] * 12 + [c_int] * 4 + [ctypes.c_void_p]),
     "lb_gdn_out_norm": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, c_int,
@@ -166,6 +178,13 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
                              ctypes.c_void_p, c_int, ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),
     "lb_attn_causal": (c_int, [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p,
                                ctypes.c_void_p] + [c_int] * 6 + [ctypes.c_void_p]),
+    "lb_attn_prep_at": (c_int, [ctypes.c_void_p, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int] + [ctypes.c_void_p] * 7
+                        + [c_int] * 6 + [ctypes.c_float, ctypes.c_float, ctypes.c_void_p]),
+    "lb_attn_decode_at": (c_int, [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p,
+                                  ctypes.c_void_p, c_int, ctypes.c_void_p] + [c_int] * 3 + [ctypes.c_void_p]),
+    "lb_attn_tree_at": (c_int, [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p,
+                                ctypes.c_void_p, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p] + [c_int] * 3
+                        + [ctypes.c_void_p]),
     # megakernel
     "lb_mk_create": (c_int, [POINTER(MkConfig), POINTER(ctypes.c_void_p)]),
     "lb_mk_free": (c_int, [ctypes.c_void_p]),
@@ -192,6 +211,10 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_df_kv_compact": (c_int, [ctypes.c_void_p, ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),
     "lb_df_topk_scratch_bytes": (c_uint64, [c_int, c_int, c_int]),
     "lb_df_topk": (c_int, [ctypes.c_void_p, c_int, c_int, c_int, c_int] + [ctypes.c_void_p] * 4),
+    # device-resident greedy loop (cuda/dflash/df_embed.cu)
+    "lb_df_embed_q": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p,
+                              ctypes.c_void_p]),
+    "lb_df_greedy_advance": (c_int, [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p]),
 }
 
 

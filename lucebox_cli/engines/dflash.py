@@ -20,10 +20,24 @@ still order themselves against the kernels). Programmatic dependent launch (cuda
 experiment, off by default (LUCEBOX_PDL=1 turns it on): it measured slower and is not yet right with
 every op.
 
+CUDA graphs (use_graphs; LUCEBOX_GRAPHS=0 turns them off): a decode step (embedding on the device when
+token_embd is there, the layers, the LM head, the device argmax and the greedy tail) and a verify of n
+slots (layers and head) are captured once per shape (dflash_layers.Layers.capture) and replayed with one
+launch. What differs between calls is data in device memory the kernels read: `gstate` = int32 {n_past,
+token, steps} (the attention ops' _at forms read n_past there), the tree's parents / positions / masks, x
+when the embedding is made on the host; the host writes it before a replay. Tap rows are copied into a
+device buffer inside the graph and read back after it.
+
+greedy_tokens(token, n, stop) is the device-resident greedy loop: the step graph's argmax becomes the next
+step's token in gstate and lands in a ring of mapped host memory, so the host queues up to `ahead` steps
+without waiting and reads each token after its event. Steps already queued when a stop token lands still
+run: they are counted in n_past (the device state includes them), and only the tokens up to the stop are
+returned (a generation ends there; the next one resets the engine).
+
 What is not built yet, said rather than hidden: prefill runs in chunks of 64 rows through the small-N
 quantized GEMM (the tensor-core GEMM for quantized weights does not exist yet), logits come back to
 the host for every row a sampling (T > 0) caller needs, captured tap features are kept on the host (`features`,
-`last_verify_features`, as engines/cpu.py keeps them), and there are no CUDA graphs.
+`last_verify_features`, as engines/cpu.py keeps them), prefill and commit are not graphed.
 """
 
 from __future__ import annotations
@@ -43,7 +57,7 @@ import numpy as np
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult, check_room, checked_path, checked_tokens
 from lucebox_cli.engines.dflash_layers import AttnLayer, Buffers, GdnLayer, Layers, Mat, Pass
-from lucebox_cli.engines.dflash_upload import EmbeddingRows, arena_bytes, device_bytes, upload_plan
+from lucebox_cli.engines.dflash_upload import QTYPE_IDS, EmbeddingRows, Entry, arena_bytes, device_bytes, upload_plan
 from lucebox_cli.engines.gdn_tree_plan import save_plan
 from lucebox_cli.errors import EngineUnavailable, LuceboxError, UsageError
 
@@ -52,6 +66,13 @@ if TYPE_CHECKING:
 
 CHUNK = mp.CHUNK
 F32 = 4
+RING = 64  # tokens of the greedy loop's mapped host ring (> any `ahead`)
+AHEAD = 8  # greedy steps the host keeps queued
+
+
+def graphs_default() -> bool:
+    """use_graphs at engine creation: on unless LUCEBOX_GRAPHS=0."""
+    return os.environ.get("LUCEBOX_GRAPHS", "1") != "0"
 
 
 def open_gpu(profile: Optional[str] = None) -> tuple[Any, Any]:
@@ -117,11 +138,18 @@ class DFlashTargetEngine:
         self.stats = EngineStats()
         self._arenas: list[_Arena] = []
         self._stream: Optional[int] = None
+        self._graphs: dict[tuple, int] = {}
+        self._events: list[int] = []
+        self._ring = 0
+        self._emb_dev: Optional[Mat] = None
+        self._use_graphs, self._graph_ready, self._card = False, False, card
         try:
             mats, vecs = self._upload(entries)
             self._bufs = self._carve()
             self._stream = self._new_stream()
             self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context, self._stream)
+            self._tied_emb = mats.get("token_embd.weight")
+            self.use_graphs = graphs_default() and self._graphs_supported()
         except BaseException:
             self.close()
             raise
@@ -160,6 +188,12 @@ class DFlashTargetEngine:
         self._state = [(ptr[b.name], b.nbytes) for b in blist if b.category in ("deltanet_state", "conv_state")]
         bufs = Buffers(**{k: ptr[k] for k in ("x", "h", "proj", "act", "qf", "gdn_scratch", "tree_q", "tree_o",
                                               "saves", "partials", "logits", "topk_scratch", "topk_ids", "parents", "positions", "masks", "path")})
+        self._gstate, self._tokbuf = ptr["gstate"], ptr["tokens"]
+        # parents .. tokens sit back to back (buffer_list's order): a verify uploads them in one copy
+        index = [b for b in blist if b.category == "tree_index"]
+        self._index_span = (ptr[index[0].name], sum(b.nbytes for b in index), {b.name: ptr[b.name] - ptr[index[0].name]
+                                                                              for b in index})
+        assert ptr[index[-1].name] + index[-1].nbytes - ptr[index[0].name] == self._index_span[1], "tree index not packed"
         for i in range(cfg.n_layers):
             if cfg.is_attention(i):
                 bufs.attn[i] = AttnLayer(ptr[f"k_cache.{i}"], ptr[f"v_cache.{i}"])
@@ -175,6 +209,51 @@ class DFlashTargetEngine:
         ptr = ctypes.c_void_p()
         self.lib.call("lb_stream_create", ctypes.byref(ptr))
         return ptr.value
+
+    def _graphs_supported(self) -> bool:
+        fn = getattr(self.lib, "fn", None)
+        return self._stream is not None and fn is not None and hasattr(fn, "lb_graph_begin")
+
+    @property
+    def use_graphs(self) -> bool:
+        """Decode steps and verifies replay CUDA graphs (default on; LUCEBOX_GRAPHS=0 at creation: off)."""
+        return self._use_graphs
+
+    @use_graphs.setter
+    def use_graphs(self, on: bool) -> None:
+        if on and not self._graphs_supported():
+            raise EngineUnavailable("this library or engine has no CUDA graphs (lb_graph_begin, an own stream)")
+        if on and not self._graph_ready:
+            self._graph_setup()
+        self._use_graphs = bool(on)
+
+    def _graph_setup(self) -> None:
+        """What the captured passes need besides the plan's buffers (once): the state pointer, a device buffer
+        for tap rows, the mapped ring, and token_embd on the device for the greedy loop (the tied LM head is
+        it; an untied one is uploaded when the card has room past the plan, else the loop stays off)."""
+        self._graph_ready = True
+        L, cfg, card = self._layers, self.cfg, self._card
+        L.state = self._gstate
+        if self.tap_layers:
+            taps = _Arena(self.lib, len(self.tap_layers) * CHUNK * cfg.hidden * F32)
+            self._arenas.append(taps)
+            self._scratch.append((taps.base, taps.nbytes))  # poisoned with the rest by the tests
+            L.tap_buf = taps.base
+        ring = ctypes.c_void_p()
+        self.lib.call("lb_host_alloc", RING * 4, ctypes.byref(ring))
+        self._ring = int(ring.value)
+        self._ring_view = np.ctypeslib.as_array((ctypes.c_int32 * RING).from_address(self._ring))
+        if cfg.tied:
+            self._emb_dev = self._tied_emb
+            return
+        info = self.model.tensor_info("token_embd.weight")
+        if info.ggml_type not in QTYPE_IDS or cfg.hidden % 256 or card - self.plan.total < int(info.nbytes):
+            return
+        e = Entry("token_embd.weight", info.ggml_type, tuple(info.shape), int(info.nbytes), 0)
+        arena = _Arena(self.lib, e.nbytes)
+        self._arenas.append(arena)
+        self._h2d(arena.base, np.ascontiguousarray(device_bytes(e, self.model.raw(e.name))))
+        self._emb_dev = Mat(arena.base, e.qtype, cfg.vocab, cfg.hidden)
 
     def _check_scratch_sizes(self, blist) -> None:
         """The plan's copies of the ops' scratch formulas must cover what the library asks for."""
@@ -213,6 +292,15 @@ class DFlashTargetEngine:
         self.last_verify_features: Optional[np.ndarray] = None
 
     def close(self) -> None:
+        for exe in getattr(self, "_graphs", {}).values():
+            self.lib.call("lb_graph_destroy", exe)
+        self._graphs = {}
+        for ev in getattr(self, "_events", []):
+            self.lib.call("lb_event_destroy", ev)
+        self._events = []
+        if getattr(self, "_ring", 0):
+            self.lib.call("lb_host_free", self._ring)
+            self._ring = 0
         for a in getattr(self, "_arenas", []):
             a.free()  # cudaFree waits for the queued kernels that use the memory
         self._arenas = []
@@ -241,13 +329,71 @@ class DFlashTargetEngine:
 
     def step(self, token_id: int) -> np.ndarray:
         """One decode step; float32 logits [V] for the next position."""
+        if self.use_graphs:
+            self._step_graph(token_id)  # the graph ran the LM head (and the argmax) already
+            return self._d2h(self._bufs.logits, np.float32, (1, self.cfg.vocab))[0]
         self._decode_one(token_id)
         return self._logits(0, 1)[0]
 
     def step_argmax(self, token_id: int) -> int:
         """One decode step, greedy: the next token id (argmax on the device; no logits copied)."""
+        if self.use_graphs:
+            self._step_graph(token_id)
+            return int(self._d2h(self._bufs.topk_ids, np.int32, (1,))[0])
         self._decode_one(token_id)
         return int(self._topk(0, 1, 1)[0, 0])
+
+    def greedy_tokens(self, token_id: int, max_steps: int, stop_ids: Sequence[int] = (),
+                      ahead: int = AHEAD) -> Iterator[int]:
+        """Greedy decode from token_id: yields each step's argmax, up to max_steps of them, ending after the
+        first one in stop_ids. The same tokens as step_argmax in a loop; with graphs, the device embedding
+        and no tap layers, the device-resident loop (the module docstring): up to `ahead` steps queued,
+        each token read after its event. Close the generator (or run it out) before using the engine
+        again: that is when queued steps are waited for and counted in n_past."""
+        tok = int(self._tokens([token_id])[0])
+        n, stop = int(max_steps), frozenset(int(t) for t in stop_ids)
+        if n <= 0:
+            return
+        self._check_room(n)
+        if not (self.use_graphs and self._emb_dev is not None and not self.tap_layers):
+            for _ in range(n):
+                tok = self.step_argmax(tok)
+                yield tok
+                if tok in stop:
+                    return
+            return
+        if not 1 <= ahead < RING:
+            raise UsageError(f"ahead {ahead} outside 1..{RING - 1}")
+        self._pending, self.last_verify_features = None, None
+        exe = self._step_exec()
+        events = self._event_pool(ahead)
+        self._set_state(self._n_past, tok)
+        queued = done = 0
+
+        def launch() -> None:
+            nonlocal queued
+            self.lib.call("lb_graph_launch", exe, self._stream)
+            self.lib.call("lb_event_record", events[queued % ahead], self._stream)
+            queued += 1
+
+        try:
+            while queued < min(n, ahead):
+                launch()
+            while done < queued:
+                self.lib.call("lb_event_sync", events[done % ahead])
+                tok = int(self._ring_view[done % RING])
+                done += 1
+                if tok not in stop and queued < n:
+                    launch()  # reuses the event of step `done - 1`, already waited for
+                yield tok
+                if tok in stop:
+                    return
+        finally:
+            if queued > done:
+                self.lib.call("lb_event_sync", events[(queued - 1) % ahead])
+            self._n_past += queued
+            self.stats.decode_steps += queued
+            self.stats.committed = self._n_past
 
     def _decode_one(self, token_id: int) -> None:
         """Run one token through the model and commit it; its logits stay on the device."""
@@ -263,6 +409,72 @@ class DFlashTargetEngine:
         """verify(tree, want_logits=False): argmax per slot computed on the device, logits None."""
         return self.verify(tree, want_logits=False)
 
+    # -- graphs --
+
+    def _set_state(self, n_past: int, token: int) -> None:
+        """gstate = {n_past, token, 0} before a replay (a blocking copy: ordered after the queued work)."""
+        self._h2d(self._gstate, np.asarray([n_past, token, 0, 0], np.int32))
+
+    def _graph(self, key: tuple, issue: Any) -> int:
+        exe = self._graphs.get(key)
+        if exe is None:
+            exe = self._graphs[key] = self._layers.capture(issue)
+        return exe
+
+    def _step_exec(self) -> int:
+        """The decode step's graph: [embedding of gstate's token], layers, head, argmax, greedy tail."""
+        L = self._layers
+
+        def issue() -> None:
+            if self._emb_dev is not None:
+                L.issue_embed(self._emb_dev, self._gstate + 4, 1)
+            L.issue_graph_pass(Pass("step", 1, 0, dev=True), self.tap_layers)
+            L.issue_head(0, 1)
+            L.issue_topk(1, 1)
+            L.issue_advance(self._ring, RING)
+
+        return self._graph(("step", self._emb_dev is not None), issue)
+
+    def _tree_exec(self, n: int) -> int:
+        """The verify of n slots: layers (DeltaNet saves bounded by the buffer's capacity) and the head."""
+        L = self._layers
+
+        def issue() -> None:
+            L.issue_graph_pass(Pass("tree", n, 0, max(self.budget, 1), dev=True), self.tap_layers)
+            L.issue_head(0, n)
+
+        return self._graph(("tree", n), issue)
+
+    def _event_pool(self, n: int) -> list[int]:
+        while len(self._events) < n:
+            ev = ctypes.c_void_p()
+            self.lib.call("lb_event_create", ctypes.byref(ev))
+            self._events.append(int(ev.value))
+        return self._events[:n]
+
+    def _tap_rows(self, t: int) -> Optional[np.ndarray]:
+        """[t, len(taps) * hidden] tap rows a replay copied to the tap buffer (None without taps)."""
+        if not self.tap_layers:
+            return None
+        taps, hid = self.tap_layers, self.cfg.hidden
+        buf = self._d2h(self._layers.tap_buf, np.float32, (len(taps), CHUNK, hid))
+        return np.concatenate([buf[taps.index(i), :t] for i in taps], axis=-1)
+
+    def _step_graph(self, token_id: int) -> None:
+        """One decode step by replay (head and top-1 included), committed like _decode_one."""
+        tokens = self._tokens([token_id])
+        self._check_room(1)
+        self._pending, self.last_verify_features = None, None
+        self._set_state(self._n_past, int(tokens[0]))
+        if self._emb_dev is None:
+            self._h2d(self._bufs.x, self._embed(tokens))
+        self.lib.call("lb_graph_launch", self._step_exec(), self._stream)
+        if self.tap_layers:
+            self._feats.append(self._tap_rows(1))
+        self._n_past += 1
+        self.stats.decode_steps += 1
+        self.stats.committed = self._n_past
+
     def verify(self, tree: Tree, *, want_logits: bool = True) -> VerifyResult:
         """All slots in one pass (small-N projections, DeltaNet along parents, attention under the mask).
 
@@ -275,14 +487,28 @@ class DFlashTargetEngine:
                              hint="open the engine with a larger budget (at most 63)")
         self._check_room(n)
         t0 = time.perf_counter()
-        max_saves = self._upload_tree(tree)
         self._pending = None
-        self.last_verify_features = self._forward(tokens, Pass("tree", n, self._n_past, max_saves), keep=False)
-        if want_logits:
-            logits = self._logits(0, n)
-            argmax = np.argmax(logits, axis=-1).astype(np.int64)
+        if self.use_graphs:
+            self._upload_index(tree, tokens)
+            if self._emb_dev is not None:
+                self._layers.issue_embed(self._emb_dev, self._tokbuf, n)
+            else:
+                self._h2d(self._bufs.x, self._embed(tokens))
+            self.lib.call("lb_graph_launch", self._tree_exec(n), self._stream)
+            self.last_verify_features = self._tap_rows(n)
+            if want_logits:
+                logits = self._d2h(self._bufs.logits, np.float32, (n, self.cfg.vocab))
+                argmax = np.argmax(logits, axis=-1).astype(np.int64)
+            else:
+                logits, argmax = None, self.device_topk(n, 1)[:, 0]
         else:
-            logits, argmax = None, self._topk(0, n, 1)[:, 0]
+            max_saves = self._upload_tree(tree)
+            self.last_verify_features = self._forward(tokens, Pass("tree", n, self._n_past, max_saves), keep=False)
+            if want_logits:
+                logits = self._logits(0, n)
+                argmax = np.argmax(logits, axis=-1).astype(np.int64)
+            else:
+                logits, argmax = None, self._topk(0, n, 1)[:, 0]
         self._pending = tree
         self.last_verify_ms = (time.perf_counter() - t0) * 1e3
         self.stats.verify_calls += 1
@@ -329,9 +555,36 @@ class DFlashTargetEngine:
         self._h2d(b.masks, tree_mask_bits(tree))
         return int((save_plan(tree.parents) >= 0).sum())
 
+    def _upload_index(self, tree: Tree, tokens: np.ndarray) -> None:
+        """A graph verify's inputs in one copy: parents, positions (n_past + depth), masks, gstate's n_past and
+        the token ids (the packed tree-index buffers; path is overwritten, commit uploads it again)."""
+        base, nbytes, off = self._index_span
+        n = tree.size
+        stage = np.zeros(nbytes, np.uint8)
+
+        def put(name: str, a: np.ndarray) -> None:
+            a = np.ascontiguousarray(a)
+            stage[off[name] : off[name] + a.nbytes] = a.view(np.uint8).reshape(-1)
+
+        put("parents", tree.parents.astype(np.int32))
+        put("positions", (self._n_past + tree.depth).astype(np.int32))
+        put("masks", tree_mask_bits(tree))
+        put("gstate", np.asarray([self._n_past, 0, 0, 0], np.int32))
+        put("tokens", tokens[:n].astype(np.int32))
+        self._h2d(base, stage)
+
+    def _embed_x(self, tokens: np.ndarray) -> None:
+        """x[0..t) = the tokens' embedding rows: lb_df_embed_q when token_embd is on the device (the host
+        dequantizes ~1.4 ms per 23 Q4_K rows of the 27B), else rows dequantized on the host."""
+        if self._emb_dev is not None:
+            self._h2d(self._tokbuf, tokens.astype(np.int32))
+            self._layers.issue_embed(self._emb_dev, self._tokbuf, tokens.size)
+        else:
+            self._h2d(self._bufs.x, self._embed(tokens))
+
     def _forward(self, tokens: np.ndarray, p: Pass, keep: bool) -> Optional[np.ndarray]:
         """Embed, run every layer; tap rows go to the committed features (keep) or are returned."""
-        self._h2d(self._bufs.x, self._embed(tokens))
+        self._embed_x(tokens)
         taps: dict[int, np.ndarray] = {}
 
         def on_tap(i: int) -> None:

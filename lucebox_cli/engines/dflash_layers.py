@@ -30,6 +30,14 @@ the status tested inline (lib.check only on failure). That removed the per-call 
 dict lookups and method frames: host time per 64-layer step 1.25 → 0.60 ms over the stub C API of
 tests/unit/dflash_fake_lib.py (docs/perf.md, "27B target engine").
 `use_programs = False` issues the same calls one by one (tests compare the two call streams).
+
+CUDA graphs (`capture`): a decode step and a verify of t slots are also captured once and replayed with
+one launch. A captured pass is issued with `Pass.dev` set: the attention ops then read n_past from the
+device (`state`, int32 {n_past, token, steps} that the engine keeps; lb_attn_*_at), the verify's
+DeltaNet takes the saves buffer's capacity as max_saves (the kernel plans the saves from the parents on
+the device; a larger bound only sizes its shared memory), and tap layers copy x into `tap_buf` in the
+stream instead of calling back to the host. Everything else in the call list is already the same at
+every call of the same (mode, t).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE
+from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE, CHUNK
 from lucebox_cli.models.qwen35 import Qwen35Config
 
 F32 = 4
@@ -105,6 +113,7 @@ class Pass:
     t: int
     pos0: int
     max_saves: int = 0
+    dev: bool = False  # positions from the device state (a captured pass; pos0 unused)
 
 
 class Sym:
@@ -190,6 +199,8 @@ class Layers:
                  max_ctx: int, stream: Optional[int] = None):
         self.lib, self.cfg, self.m, self.v, self.b, self.max_ctx = lib, cfg, mats, vecs, bufs, max_ctx
         self.stream = stream  # every call's last argument
+        self.state: Optional[int] = None  # device int32 {n_past, token, steps}: what captured passes read
+        self.tap_buf: Optional[int] = None  # [taps, CHUNK, hidden] fp32: captured passes copy tap rows here
         self.use_programs = True
         self._programs: dict[tuple, Program] = {}
         self._rec: Optional[list[tuple[str, tuple]]] = None  # the call list being recorded, if any
@@ -338,11 +349,19 @@ class Layers:
         self.matmul(pre + "attn_v.weight", b.h, v, p.t)
         # tree slots sit at positions n_past + depth but in cache rows n_past + slot
         positions = b.positions if p.mode == "tree" else None
-        self._call("lb_attn_prep", qg, 2 * nh * hd, k, v, nkv * hd, self.v[pre + "attn_q_norm.weight"],
-                      self.v[pre + "attn_k_norm.weight"], positions, p.pos0, b.qf, L.kc, L.vc, KV_F16, p.t, nh, nkv,
-                      self.max_ctx, cfg.rope_dims, cfg.eps, cfg.rope_theta, self.stream)
+        prep = ("lb_attn_prep_at", self.state) if p.dev else ("lb_attn_prep", p.pos0)
+        self._call(prep[0], qg, 2 * nh * hd, k, v, nkv * hd, self.v[pre + "attn_q_norm.weight"],
+                   self.v[pre + "attn_k_norm.weight"], positions, prep[1], b.qf, L.kc, L.vc, KV_F16, p.t, nh, nkv,
+                   self.max_ctx, cfg.rope_dims, cfg.eps, cfg.rope_theta, self.stream)
         common = (b.qf, L.kc, L.vc, KV_F16, qg + hd * F32, 2 * nh * hd, 2 * hd, b.act, b.partials)
-        if p.mode == "step":
+        if p.dev and p.mode == "step":
+            self._call("lb_attn_decode_at", *common, ATTN_SPLITS_ONE, self.state, nh, nkv, self.max_ctx, self.stream)
+        elif p.dev and p.mode == "tree":
+            self._call("lb_attn_tree_at", *common, ATTN_SPLITS_MANY, b.masks, p.t, self.state, nh, nkv, self.max_ctx,
+                       self.stream)
+        elif p.dev:
+            raise ValueError(f"no device-position form of a {p.mode} pass")
+        elif p.mode == "step":
             self._call("lb_attn_decode", *common, ATTN_SPLITS_ONE, p.pos0 + 1, nh, nkv, self.max_ctx, self.stream)
         elif p.mode == "prefill":
             self._call("lb_attn_causal", *common, ATTN_SPLITS_MANY, p.t, p.pos0, nh, nkv, self.max_ctx, self.stream)
@@ -369,6 +388,45 @@ class Layers:
     def issue_topk(self, n: int, k: int) -> None:
         b, v = self.b, self.cfg.vocab
         self._call("lb_df_topk", b.logits, n, v, v, k, b.topk_scratch, b.topk_ids, None, self.stream)
+
+    # -- CUDA graphs --
+
+    def capture(self, issue: Any) -> int:
+        """issue()'s calls captured from the stream into an executable graph (lb_graph_end's handle); nothing
+        runs until lb_graph_launch. A failing call inside ends the capture (the graph is dropped) and raises."""
+        import ctypes
+
+        self.lib.call("lb_graph_begin", self.stream)
+        try:
+            issue()
+        except BaseException:
+            dead = ctypes.c_void_p()
+            self.lib.fn.lb_graph_end(self.stream, ctypes.byref(dead))  # leaves capture mode; issue's error wins
+            if dead.value:
+                self.lib.fn.lb_graph_destroy(dead.value)
+            raise
+        exe = ctypes.c_void_p()
+        self.lib.call("lb_graph_end", self.stream, ctypes.byref(exe))
+        return int(exe.value)
+
+    def issue_graph_pass(self, p: Pass, taps: tuple[int, ...]) -> None:
+        """A pass as a graph issues it (p.dev set): tap layer taps[j]'s t rows are copied to tap_buf slot j."""
+        if not p.dev:
+            raise ValueError("a captured pass reads its positions from the device (Pass.dev)")
+        row = self.cfg.hidden * F32
+
+        def on_tap(i: int) -> None:
+            self._call("lb_df_copy", self.tap_buf + taps.index(i) * CHUNK * row, self.b.x, p.t * row, self.stream)
+
+        self.issue_pass(p, taps, on_tap if taps else None)
+
+    def issue_embed(self, emb: Mat, ids: int, t: int) -> None:
+        """x[0..t) = rows ids[0..t) (device int32) of the quantized embedding emb."""
+        self._call("lb_df_embed_q", emb.qtype, emb.ptr, emb.rows, emb.k, ids, t, self.b.x, self.stream)
+
+    def issue_advance(self, ring: int, ring_n: int) -> None:
+        """The greedy step's tail: topk_ids[0] becomes state's token and ring[steps % ring_n]; n_past += 1."""
+        self._call("lb_df_greedy_advance", self.state, self.b.topk_ids, ring, ring_n, self.stream)
 
     def commit(self, n: int, n_past: int) -> None:
         """Fold the accepted path (already in b.path, n slots) into states, conv windows and KV rows."""

@@ -214,6 +214,10 @@ def buffer_list(cfg: Qwen35Config, *, context: int, budget: int) -> list[Buffer]
     add("argmax", "topk_ids", rows * TOPK_MAX_K * 4, True)
     for name in ("parents", "positions", "masks", "path"):
         add("tree_index", name, CHUNK * 8, False)
+    # int32 {n_past, token, steps}: what the engine's CUDA graphs read instead of host arguments
+    add("tree_index", "gstate", 16, False)
+    # int32 token ids of a pass whose embedding rows are made on the device (lb_df_embed_q)
+    add("tree_index", "tokens", CHUNK * 4, False)
     return out
 
 
@@ -289,7 +293,7 @@ def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, b
         PlanItem("attention partials", buf["attn_partials"], "split-KV"),
         PlanItem("logits", buf["logits"], f"{CHUNK} x vocab fp32"),
         PlanItem("logits argmax", buf["argmax"], "device argmax / top-8 ids and their scratch"),
-        PlanItem("tree index", buf["tree_index"], "parents, positions, masks, path"),
+        PlanItem("tree index", buf["tree_index"], "parents, positions, masks, path, graph state, token ids"),
     ]
     if draft is not None:
         items += [

@@ -15,6 +15,7 @@ the tokens still wanted, so no verify work is spent beyond max_tokens.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
@@ -205,12 +206,32 @@ def _context_full(engine: Engine, cfg: RunConfig, emitter: _Emitter) -> bool:
 
 
 def _plain_steps(engine: Engine, cfg: RunConfig, emitter: _Emitter, sampler: _Sampler) -> int:
+    loop = getattr(engine, "greedy_tokens", None)
+    if sampler.greedy and loop is not None:
+        return _greedy_loop_steps(engine, cfg, emitter, loop)
     steps = 0
     while not _context_full(engine, cfg, emitter):
         token = sampler.step(engine, emitter.tokens[-1])
         steps += 1
         if emitter.emit(token):
             break
+    return steps
+
+
+def _greedy_loop_steps(engine: Engine, cfg: RunConfig, emitter: _Emitter, loop: Callable) -> int:
+    """_plain_steps at T = 0 through the engine's greedy loop (engines/dflash.py greedy_tokens: the steps
+    queued ahead on the device), with the same stops: as many steps as tokens remain and the context holds
+    (n_past < max_context before each), ending after an EOS the emitter stops on."""
+    steps = 0
+    n = min(emitter.remaining, cfg.max_context - engine.n_past)
+    if n > 0:
+        with contextlib.closing(loop(emitter.tokens[-1], n, stop_ids=emitter.eos)) as tokens:
+            for token in tokens:
+                steps += 1
+                if emitter.emit(token):
+                    break
+    if emitter.stop_reason is None:
+        _context_full(engine, cfg, emitter)
     return steps
 
 

@@ -75,12 +75,15 @@ def rel(a, b) -> float:
     return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b**2)))
 
 
-def assert_same_or_near_tie(ids, ref_ids, ref_logits, what: str, rel_gap: float = 1e-5) -> None:
+def assert_same_or_near_tie(ids, ref_ids, ref_logits, what: str, rel_gap: float = 2e-3) -> None:
     """ids (a repeated call's argmax) == ref_ids, except at a genuine near-tie of the reference logits.
 
     The quantized GEMMs accumulate stream-K partial sums with fp32 atomics, so two calls on the same
-    inputs can differ in the last bits (order of the adds); an argmax may then flip only between logits
-    closer than that noise. Seen once on the H200 (qmm v4, N64 slot 8); anything wider is a real bug."""
+    inputs can differ in the last bits (order of the adds), and the next GEMM rounds its activations to
+    fp16, which turns a last-bit difference into an fp16-ulp one now and then; an argmax may then flip
+    only between logits closer than that noise. Seen on the H200 at N64 slot 8 (qmm v4; again on 2584f30
+    with CUDA graphs: gap 1.2e-4 of the row's scale), and two identical no-graph prefills of the tiny
+    models differed by 5.6e-4 rel RMS there, hence 2e-3; anything wider is a real bug."""
     ids, ref_ids = np.asarray(ids).tolist(), np.asarray(ref_ids).tolist()
     for i, (a, b) in enumerate(zip(ids, ref_ids)):
         if a != b:

@@ -6,6 +6,12 @@ through views at those addresses and does the math of engines/cpu.py in fp32 (we
 the device layout through dflash_upload.gguf_bytes and the gguf package's dequantizer, K/V stored in
 the cache as f16 like the GPU). A wrong offset, ld, layout or call order shows as a mismatch with
 the CPU engine; the kernels' own numerics are the gpu tests' business.
+
+CUDA graphs are emulated as the C API defines them: between lb_graph_begin and lb_graph_end every op
+call on the captured stream is recorded instead of run (its arguments as given, device pointers
+included), and lb_graph_launch runs the record; ops that read a position from the device (the _at
+forms) read it at replay, so a graph replayed with stale host-side values shows as a mismatch. Ops
+issued during a capture on another stream, or a blocking copy, fail the capture like CUDA does.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ class _Fns:
         self._lib = lib
 
     def __getattr__(self, name: str):
-        if not name.startswith("lb_"):
+        if not name.startswith("lb_") or (name in _GRAPH_API and not self._lib.graphs):
             raise AttributeError(name)
         op = getattr(self._lib, name)
         lib = self._lib
@@ -46,6 +52,12 @@ class _Fns:
             lib.calls.append(name)
             if lib.log is not None:
                 lib.log.append((name, args))
+            if lib._capture is not None and name not in _OUTSIDE_CAPTURE:
+                if name in _UNSAFE_IN_CAPTURE or not args or args[-1] != lib._capture_stream:
+                    lib._capture_broken = f"{name} during a capture"
+                    return 4  # LB_ERR_CUDA
+                lib._capture.append((op, args))
+                return 0
             out = op(*args)
             return 0 if out is None else out
 
@@ -53,15 +65,36 @@ class _Fns:
         return fn
 
 
+# what a FakeLib(graphs=False) (the default, a library from before the graph API) lacks
+_GRAPH_API = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb_graph_destroy", "lb_event_create",
+                        "lb_event_record", "lb_event_query", "lb_event_sync", "lb_event_destroy", "lb_host_alloc",
+                        "lb_host_free", "lb_attn_prep_at", "lb_attn_decode_at", "lb_attn_tree_at", "lb_df_embed_q",
+                        "lb_df_greedy_advance"})
+# not recorded into a capture: graph control, events, host memory and size queries run at once
+_OUTSIDE_CAPTURE = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb_graph_destroy", "lb_event_create",
+                              "lb_event_record", "lb_event_query", "lb_event_sync", "lb_event_destroy", "lb_host_alloc",
+                              "lb_host_free", "lb_df_topk_scratch_bytes", "lb_stream_create", "lb_stream_destroy"})
+# what CUDA refuses inside a capture (synchronous, legacy stream or allocating)
+_UNSAFE_IN_CAPTURE = frozenset({"lb_dev_alloc", "lb_dev_free", "lb_dev_h2d", "lb_dev_d2h", "lb_dev_memset",
+                                "lb_dev_sync"})
+
+
 class FakeLib:
     """`call(name, *args)` and `check(status, what)` like _lib.Lib; `fn.<name>` like its ctypes functions."""
 
-    def __init__(self):
+    def __init__(self, graphs: bool = False):
+        self.graphs = graphs  # offer the graph API (engines then replay CUDA graphs by default)
         self._mem: dict[int, np.ndarray] = {}
         self._wcache: dict[tuple, np.ndarray] = {}
         self.calls: list[str] = []
         self.log: list | None = None  # set to [] to record (name, args) of every call
         self.fn = _Fns(self)
+        self._capture: list | None = None  # the calls being captured, if any
+        self._capture_stream = None
+        self._capture_broken: str | None = None
+        self._graphs: dict[int, list] = {}
+        self._host: dict[int, np.ndarray] = {}
+        self.launches = 0  # lb_graph_launch calls
 
     def device_props(self, dev: int) -> dict:
         return {"total_mem_bytes": 8 << 30, "name": "emulated"}
@@ -100,6 +133,68 @@ class FakeLib:
 
     def lb_stream_destroy(self, stream):
         assert stream, "destroying a stream that was never created"
+
+    # -- graphs, events, mapped host memory --
+    def lb_graph_begin(self, stream):
+        assert stream, "the legacy stream can not be captured"
+        assert self._capture is None, "nested capture"
+        self._capture, self._capture_stream, self._capture_broken = [], stream, None
+
+    def lb_graph_end(self, stream, exe):
+        assert stream == self._capture_stream
+        rec, broken = self._capture, self._capture_broken
+        self._capture = self._capture_stream = None
+        if broken is not None:
+            out_value(exe, None)
+            return 4
+        handle = 0x6A00 + len(self._graphs) + 1
+        self._graphs[handle] = rec
+        out_value(exe, handle)
+
+    def lb_graph_launch(self, exe, stream):
+        self.launches += 1
+        for op, args in self._graphs[int(exe)]:
+            op(*args)
+
+    def lb_graph_destroy(self, exe):
+        del self._graphs[int(exe)]
+
+    def lb_event_create(self, out):
+        self._events = getattr(self, "_events", 0) + 1
+        out_value(out, 0xE700 + self._events)
+
+    def lb_event_record(self, ev, stream):
+        pass
+
+    def lb_event_query(self, ev, done):
+        out_value(done, 1)
+
+    def lb_event_sync(self, ev):
+        pass
+
+    lb_event_destroy = lb_event_sync
+
+    def lb_host_alloc(self, nbytes, out):
+        a = np.full(int(nbytes), 0xFF, dtype=np.uint8)
+        self._host[a.ctypes.data] = a
+        out_value(out, a.ctypes.data)
+
+    def lb_host_free(self, ptr):
+        self._host.pop(int(ptr))
+
+    # -- the device-resident greedy loop --
+    def lb_df_embed_q(self, qtype, w, rows, k, ids, t, out, stream):
+        i = view(ids, np.int32, t).astype(np.int64)
+        assert ((0 <= i) & (i < rows)).all(), f"token ids {i} outside the embedding"
+        view(out, np.float32, t * k)[:] = self._w(qtype, w, rows, k)[i].reshape(-1)
+
+    def lb_df_greedy_advance(self, state, ids, ring, ring_n, stream):
+        st = view(state, np.int32, 3)
+        tok = view(ids, np.int32, 1)[0]
+        st[1] = tok
+        view(ring, np.int32, ring_n)[st[2] % ring_n] = tok
+        st[2] += 1
+        st[0] += 1
 
     # -- matrices --
     def _w(self, qtype, ptr, rows, k) -> np.ndarray:
@@ -249,6 +344,20 @@ class FakeLib:
         kcache[:, pos0 : pos0 + t] = kr.astype(np.float16).view(np.uint16).transpose(1, 0, 2)
         vcache[:, pos0 : pos0 + t] = V.astype(np.float16).view(np.uint16).transpose(1, 0, 2)
 
+    def lb_attn_prep_at(self, qg, ld_q, k, v, ld_kv, qn, kn, positions, pos0_dev, qf, kc, vc, kvd, t, nh, nkv, max_ctx,
+                        rope_dims, eps, theta, s):
+        pos0 = int(view(pos0_dev, np.int32, 1)[0])
+        self.lb_attn_prep(qg, ld_q, k, v, ld_kv, qn, kn, positions, pos0, qf, kc, vc, kvd, t, nh, nkv, max_ctx,
+                          rope_dims, eps, theta, s)
+
+    def lb_attn_decode_at(self, qf, kc, vc, kvd, gate, gl, gh, out, part, ms, n_past_dev, nh, nkv, max_ctx, s):
+        n_ctx = int(view(n_past_dev, np.int32, 1)[0]) + 1
+        self.lb_attn_decode(qf, kc, vc, kvd, gate, gl, gh, out, part, ms, n_ctx, nh, nkv, max_ctx, s)
+
+    def lb_attn_tree_at(self, qf, kc, vc, kvd, gate, gl, gh, out, part, ms, masks, n, n_past_dev, nh, nkv, max_ctx, s):
+        n_past = int(view(n_past_dev, np.int32, 1)[0])
+        self.lb_attn_tree(qf, kc, vc, kvd, gate, gl, gh, out, part, ms, masks, n, n_past, nh, nkv, max_ctx, s)
+
     def _attn(self, qf, kc, vc, gate, gate_ld, gate_hs, out, t, rows, mask, nh, nkv, max_ctx):
         hd = 256
         q = view(qf, np.float32, t * nh * hd).reshape(t, nh, hd).copy()
@@ -273,6 +382,14 @@ class FakeLib:
         local = ((bits[:, None] >> np.arange(n, dtype=np.uint64)[None, :]) & np.uint64(1)).astype(bool)
         mask = np.concatenate([np.ones((n, n_past), bool), local], axis=1)
         self._attn(qf, kc, vc, gate, gl, gh, out, n, n_past + n, mask, nh, nkv, max_ctx)
+
+
+def out_value(ref, value) -> None:
+    """*out = value for an output argument passed as ctypes.byref(c_xxx()) (or a ctypes pointer)."""
+    obj = getattr(ref, "_obj", None)
+    if obj is None:
+        obj = ref.contents
+    obj.value = value
 
 
 def reference_topk(x: np.ndarray, k: int) -> np.ndarray:
@@ -318,7 +435,7 @@ def stub_source() -> str:
     lb_dev_d2h zero-fills the host destination."""
     from lucebox_cli.engines._lib import ABI_VERSION, DECLS
 
-    lines = ["static unsigned long long next_addr = 1ull << 40;"]
+    lines = ["#include <stdlib.h>", "static unsigned long long next_addr = 1ull << 40;"]
     for name, (restype, argtypes) in DECLS.items():
         params = ", ".join(f"{_c_type(t)} a{i}" for i, t in enumerate(argtypes)) or "void"
         ret = "const char *" if restype is ctypes.c_char_p else _c_type(restype)
@@ -327,6 +444,13 @@ def stub_source() -> str:
                     "return 0;")
         elif name == "lb_dev_d2h":  # host destination: zeros (token id 0, logits 0), never garbage
             body = "for (unsigned long a = 0; a < a2; ++a) ((unsigned char *)a0)[a] = 0; return 0;"
+        elif name in ("lb_graph_end", "lb_event_create"):  # a distinct non-NULL handle in the last argument
+            out = f"a{len(argtypes) - 1}"
+            body = f"*(unsigned long long *){out} = next_addr; next_addr += 4096; return 0;"
+        elif name == "lb_host_alloc":  # real host memory: the engine reads the ring (zeros: token 0)
+            body = "*(void **)a1 = calloc(1, a0); return *(void **)a1 ? 0 : 5;"
+        elif name == "lb_host_free":
+            body = "free(a0); return 0;"
         elif name == "lb_abi_version":
             body = f"return {ABI_VERSION};"
         elif ret == "const char *":
