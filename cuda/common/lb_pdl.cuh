@@ -9,24 +9,22 @@
 //      stream wrote, before it writes anything an earlier kernel reads or writes, and before it exits
 //      (a block that exited without waiting would let the grid "finish" before its predecessor, and a
 //      kernel after it would then wait on the wrong thing);
-//   2. pdl_trigger() may be called anywhere: it only lets the next kernel be scheduled (once every block
-//      of this grid has called it or exited); that kernel's pdl_wait() still waits for this whole grid to
-//      complete and its writes to be visible. The quantized matrix kernels (qmm.cuh, qmm_smalln.cuh) call
-//      it late, at each block's last item, so at most one streaming kernel waits ahead of the running one;
-//      the small kernels call it at their top.
+//   2. pdl_trigger() may be called anywhere (we call it at the top): it only lets the next kernel be
+//      scheduled; that kernel's pdl_wait() still waits for this whole grid to complete and its writes to
+//      be visible.
 // Kernels launched the classic way (<<<>>>) and memsets/copies keep full stream order, before and after.
 // On sm_86 (no griddepcontrol) both calls compile to nothing and launch_pdl() launches without the
 // attribute.
 //
 // STATUS: off by default, an experiment (lb_set_pdl(1) or LUCEBOX_PDL=1 turns it on). Measured on the H200
 // (docs/perf.md, "27B launch overhead"): with the trigger at the top of every kernel the 27B step got
-// slower, not faster (dependents parked on the SMs while their predecessors drained, each letting the next
-// launch in turn), and with PDL on the engine's verify through the staged small-N kernel gave wrong logits.
-// Suspected, not shown: activations read through the non-coherent path (__ldg, const __restrict__), whose
-// contract is "read-only for the kernel's lifetime" — under PDL a kernel lives while its predecessor still
-// writes them. Session 4: the matrix kernels trigger late (point 2), the small-N kernel stages x through
-// ld_act4 and launches with PDL again; tests/gpu/test_dflash_pdl.py's on/off check (LUCEBOX_TEST_PDL=1) and
-// the AB_PDL=1 bench of scripts/device_27b.sh decide whether PDL can be the default.
+// slower, not faster (dependents parked on the SMs while their predecessors drained), and with PDL on the
+// engine's verify through the staged small-N kernel gave wrong logits, which is why that kernel now launches
+// the classic way. Suspected, not shown: activations read through the non-coherent path (__ldg,
+// const __restrict__), whose contract is "read-only for the kernel's lifetime" — under PDL a kernel lives
+// while its predecessor still writes them. Whoever resumes this: trigger late (after the main loop), read
+// activations with coherent loads, and make tests/gpu/test_dflash_pdl.py's on/off check pass
+// (LUCEBOX_TEST_PDL=1).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,12 +44,6 @@ __device__ __forceinline__ void pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-
-// 16 bytes of activations (anything an earlier kernel in the stream may have written) through L2 only
-// (ld.global.cg): coherent whatever the launch mode. __ldg / ld.global.nc promise nothing about data written
-// during the reading kernel's lifetime, which under PDL includes its predecessor's last writes. Used where
-// the load is once per block anyway (the small-N kernel's x staging), so skipping L1 costs nothing there.
-__device__ __forceinline__ float4 ld_act4(const float* p) { return __ldcg(reinterpret_cast<const float4*>(p)); }
 
 // Whether launches on the current device carry the PDL attribute: compute capability >= 9.0 and not
 // turned off (lb_set_pdl / LUCEBOX_PDL=0). Cached per device; cheap after the first call.

@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
+    pdl_trigger();
     int64_t it = a.items * blockIdx.x / gridDim.x;
     const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
     if (it >= end) {
@@ -194,7 +195,6 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
     if (row0 < a.n_rows) load(row0);
     pdl_wait();
     for (;;) {
-        if (it + 1 == end) pdl_trigger();  // lb_pdl.cuh: late, at the block's last item
         if (row0 < a.n_rows) qmm_item<QT, NT, MT>(rr, acc, xc.p, t);  // warp-uniform: a partial last group
         if (kb + 1 == nb || it + 1 == end) {                            // skips whole empty tiles
             if (row0 < a.n_rows) qmm_flush<NT, MT>(a, row0, acc, g, t);
@@ -330,6 +330,7 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
+    pdl_trigger();
     int64_t it = a.items * blockIdx.x / gridDim.x;
     const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
     if (it >= end) {
@@ -426,7 +427,6 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
     };
     // One item (its weights in cur); false at the end of the block's range.
     auto step = [&](const Row (&cur)[2]) {
-        if (it + 1 == end) pdl_trigger();  // lb_pdl.cuh: late, at the block's last item
         const bool live = tile_live(grp);
         if (live) item(cur);
         if ((kb + 1 == nb || it + 1 == end) && live) flush();
@@ -505,6 +505,7 @@ __global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stage
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
+    pdl_trigger();
     int64_t it = a.items * blockIdx.x / gridDim.x;
     const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
     if (it >= end) {
@@ -555,7 +556,6 @@ __global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stage
     pdl_wait();
     int slot = 0, pslot = stages - 1;
     for (; it < end; ++it) {
-        if (it + 1 == end) pdl_trigger();  // lb_pdl.cuh: late, at the block's last item
         if (pit < end) {
             // into the slot consumed last iteration: every word of it went through qmm_item, so its
             // shared loads have completed

@@ -121,7 +121,8 @@ struct XStager {
             for (int ct = 0; ct < kPass; ++ct) {
 #pragma unroll
                 for (int i = 0; i < kGroups; ++i)
-                    v[i][ct] = 8 * (c0 + ct) + g < n ? ld_act4(p + 16 * W * i) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    v[i][ct] = 8 * (c0 + ct) + g < n ? __ldg(reinterpret_cast<const float4*>(p + 16 * W * i))
+                                                     : make_float4(0.f, 0.f, 0.f, 0.f);
                 p += col_stride;
             }
 #pragma unroll
@@ -207,6 +208,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
     extern __shared__ uint2 xs_dyn[];
     __shared__ uint2 xs_static[kDyn ? 1 : 2][kDyn ? 1 : kBuf];
     uint2 (&xs)[2][kBuf] = *reinterpret_cast<uint2 (*)[2][kBuf]>(kDyn ? xs_dyn : &xs_static[0][0]);
+    pdl_trigger();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
@@ -239,7 +241,6 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
     using TileAcc = float[1][NT][4];
     for (int buf = 0;; buf ^= 1) {
         const bool more = it + 1 < end;  // block-uniform: every thread reaches the same barriers
-        if (!more) pdl_trigger();        // lb_pdl.cuh: late, at the block's last item
         const int nkb = kb + 1 == nb ? 0 : kb + 1;
         const int64_t nrow0 = row0 + (nkb == 0 ? kGroupRows : 0);
         const bool cur = row0 < a.n_rows, nxt = more && nrow0 < a.n_rows;  // warp-uniform
@@ -310,14 +311,13 @@ int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int 
     if (st != LB_OK) return st;
     const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
     if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows * n, stream));
-    // With the PDL attribute where lb_set_pdl turned it on (off by default). Session 3 launched this
-    // kernel the classic way because, with PDL on and the trigger at its top, the 27B engine's verify gave
-    // wrong logits on the H200 (the same calls in isolation and the register kernel under PDL were right);
-    // since then it triggers late and stages x with coherent loads (ld_act4), the suspect named in lb_pdl.cuh
-    // (docs/perf.md "27B launch overhead"; tests/gpu/test_dflash_pdl.py with LUCEBOX_TEST_PDL=1 checks it).
+    // The classic launch even when PDL is turned on (lb_set_pdl): launched with the attribute, the 27B
+    // engine's verify gave wrong logits on the H200 while the same calls in isolation and the register
+    // kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect). Its pdl_wait/pdl_trigger
+    // then do nothing.
     constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
-    LB_CUDA_TRY(launch_pdl(qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit>, dim3((unsigned)grid), dim3(W * 32),
-                           smem, stream, a));
+    qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit><<<(unsigned)grid, W * 32, smem, stream>>>(a);
+    LB_LAUNCH_TRY();
     return LB_OK;
 }
 
