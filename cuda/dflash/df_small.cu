@@ -5,8 +5,7 @@
 // Every kernel here is launched with programmatic dependent launch (lb_pdl.cuh): it triggers its
 // successor at the top and waits for its predecessor before touching any activation, so the launch
 // gap between it and its neighbours overlaps the neighbours' drain. The norm weights are the only
-// inputs no kernel writes, but a row's loop reads them interleaved with x, so nothing moves ahead of
-// the wait.
+// inputs no kernel writes: the norm's vector path loads them before the wait.
 #include <stdint.h>
 
 #include "lb_arch.cuh"
@@ -15,7 +14,7 @@
 
 namespace {
 
-constexpr int NORM_THREADS = 256;
+constexpr int NORM_THREADS = 512;
 
 // Up to two byte ranges the RMSNorm launch clears besides its rows: the outputs of the projections that
 // read its result, which then accumulate (accumulate = 1) instead of each paying a cudaMemsetAsync and
@@ -29,12 +28,31 @@ struct ZeroRanges {
 // Blocks 0..rows-1: one row each, y = x * rsqrt(mean(x^2) + eps) * w (w already holds the +1 of
 // RMSNorm1p). Blocks rows..: the zero ranges, grid-stride. Clearing a range writes what earlier kernels
 // may still read (the previous layer's projections), so it too comes after the wait.
+//
+// Rows of n % 4 == 0 floats up to 4·NORM_VEC·NORM_THREADS (every hidden size here; 27B: 5120 = 1280
+// float4 over 512 threads) take the vector path: each thread keeps its ≤ NORM_VEC float4 of x in registers
+// between the sum of squares and the scaling, so x is read once and every load of a thread is in flight at
+// once; w (written by no kernel) is loaded before the wait. The scalar loop it replaced took 4.1 µs per
+// 27B row on the H200 (129 norms = 0.53 ms of a 9.3 ms decode step: two passes of 20 dependent-latency
+// iterations per thread); other rows keep that loop.
+constexpr int NORM_VEC = 4;
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = lb::warp_sum(v);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NORM_THREADS / 32; ++k) tot += red[k];
+    return tot;
+}
+
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                                                float* __restrict__ y, int n, float eps, int rows,
-                                                               ZeroRanges z) {
+                                                               ZeroRanges z, bool vec) {
     lb::pdl_trigger();
-    lb::pdl_wait();
     if ((int)blockIdx.x >= rows) {
+        lb::pdl_wait();
         const uint64_t nb = gridDim.x - rows, b = blockIdx.x - rows;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -47,15 +65,40 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __re
     __shared__ float red[NORM_THREADS / 32];
     const float* xr = x + (size_t)blockIdx.x * n;
     float* yr = y + (size_t)blockIdx.x * n;
+    if (vec) {
+        const int n4 = n / 4;
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        const float4* w4 = reinterpret_cast<const float4*>(w);
+        float4 xv[NORM_VEC], wv[NORM_VEC];
+#pragma unroll
+        for (int j = 0; j < NORM_VEC; ++j) {
+            const int i = threadIdx.x + j * NORM_THREADS;
+            wv[j] = i < n4 ? w4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        lb::pdl_wait();
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NORM_VEC; ++j) {
+            const int i = threadIdx.x + j * NORM_THREADS;
+            xv[j] = i < n4 ? x4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int j = 0; j < NORM_VEC; ++j) ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
+        const float r = rsqrtf(block_sum(ss, red) / n + eps);
+        float4* y4 = reinterpret_cast<float4*>(yr);
+#pragma unroll
+        for (int j = 0; j < NORM_VEC; ++j) {
+            const int i = threadIdx.x + j * NORM_THREADS;
+            if (i < n4)
+                y4[i] = make_float4(xv[j].x * r * wv[j].x, xv[j].y * r * wv[j].y, xv[j].z * r * wv[j].z,
+                                    xv[j].w * r * wv[j].w);
+        }
+        return;
+    }
+    lb::pdl_wait();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) ss += xr[i] * xr[i];
-    ss = lb::warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NORM_THREADS / 32; ++k) tot += red[k];
-    const float r = rsqrtf(tot / n + eps);
+    const float r = rsqrtf(block_sum(ss, red) / n + eps);
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) yr[i] = xr[i] * r * w[i];
 }
 
@@ -114,9 +157,11 @@ extern "C" LB_API int lb_df_rmsnorm(const void* x, const void* w, void* y, int t
     const uint64_t units = z.n4[0] + z.n4[1] + (z.tail[0] || z.tail[1] ? 1 : 0);
     const int64_t zb = units ? lb::ceil_div((int64_t)units, 4 * NORM_THREADS) : 0;
     const int zero_blocks = (int)(zb < 1024 ? zb : 1024);
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vec = n % 4 == 0 && n <= 4 * NORM_VEC * NORM_THREADS && aligned(x) && aligned(w) && aligned(y);
     LB_CUDA_TRY(lb::launch_pdl(rmsnorm_kernel, dim3(t + zero_blocks), dim3(NORM_THREADS), 0,
                                static_cast<cudaStream_t>(stream), static_cast<const float*>(x),
-                               static_cast<const float*>(w), static_cast<float*>(y), n, eps, t, z));
+                               static_cast<const float*>(w), static_cast<float*>(y), n, eps, t, z, vec));
     return LB_OK;
 }
 

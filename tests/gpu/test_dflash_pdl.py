@@ -87,6 +87,30 @@ def _dev(nbytes: int) -> ctypes.c_void_p:
     return p
 
 
+# n: the vector path (n % 4 == 0 up to 8192: 1000, the 27B's 5120, 8192) and the scalar loop (odd n, and
+# 8196 past the vector path's registers)
+@pytest.mark.parametrize("t,n", [(3, 1000), (2, 5120), (1, 8192), (3, 257), (2, 8196)])
+def test_rmsnorm_rows(t, n):
+    eps = 1e-6
+    rng = np.random.default_rng(n)
+    x = (3.0 * rng.standard_normal((t, n))).astype(np.float32)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    bufs = [_dev(a) for a in (x.nbytes, w.nbytes, x.nbytes)]
+    try:
+        lib().call("lb_dev_h2d", bufs[0], x.ctypes.data, x.nbytes)
+        lib().call("lb_dev_h2d", bufs[1], w.ctypes.data, w.nbytes)
+        lib().call("lb_dev_memset", bufs[2], 0xFF, x.nbytes)  # NaN: an unwritten element shows
+        lib().call("lb_df_rmsnorm", bufs[0], bufs[1], bufs[2], t, n, eps, None, 0, None, 0, None)
+        y = np.empty_like(x)
+        lib().call("lb_dev_d2h", y.ctypes.data, bufs[2], y.nbytes)
+        ref = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True) + eps) * w
+        assert np.isfinite(y).all(), "unwritten or NaN outputs"
+        assert rel(y, ref) < 1e-6
+    finally:
+        for p in bufs:
+            lib().call("lb_dev_free", p)
+
+
 def test_rmsnorm_zero_ranges():
     from lucebox_cli.engines._lib import LB_ERR_INVALID_ARG
 
