@@ -8,7 +8,7 @@ compared by relative RMS error (fp16 weights and activations into fp32 accumulat
 
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_quant_gemv.py [--bench]`, which
 also prints the bandwidth table at the 27B shapes (--gemv-bench: only its n = 1 K-quant rows; --bench-one QT ROWS K
-ITERS: one shape, for a profiler).
+ITERS [N]: one shape, for a profiler).
 """
 
 from __future__ import annotations
@@ -302,11 +302,13 @@ def _main(argv: list[str]) -> int:
             ok, msg = False, f"{type(exc).__name__}: {exc}"
         failed += not ok
         print(f"{'PASS' if ok else 'FAIL'} {qt} N{r} K{k} n{n} {'acc' if acc else 'store'}: {msg}", flush=True)
-    if "--bench-one" in argv:  # one shape, for a profiler: --bench-one QT ROWS K ITERS
-        qt, rows, k, iters = argv[argv.index("--bench-one") + 1 :][:4]
+    if "--bench-one" in argv:  # one shape, for a profiler: --bench-one QT ROWS K ITERS [N]
+        args = argv[argv.index("--bench-one") + 1 :]
+        qt, rows, k, iters = args[:4]
+        n = int(args[4]) if len(args) > 4 and args[4].isdigit() else 1
         ms = ctypes.c_float()
-        lib().call("lb_bench_qmm", QTYPES[qt], int(rows), int(k), 1, int(iters), ctypes.byref(ms))
-        print(f"{qt} {rows}x{k} n = 1: {1e3 * ms.value:.1f} us", flush=True)
+        lib().call("lb_bench_qmm", QTYPES[qt], int(rows), int(k), n, int(iters), ctypes.byref(ms))
+        print(f"{qt} {rows}x{k} n = {n}: {1e3 * ms.value:.1f} us", flush=True)
     if "--gemv-bench" in argv:  # the n = 1 rows of the K-quants
         print(format_table(bandwidth_rows(ns=(1,), types=("Q4_K", "Q5_K", "Q6_K"))), flush=True)
     if "--bench" in argv or "--bench-only" in argv:
