@@ -50,6 +50,8 @@ from lucebox_cli.models.qwen35 import Qwen35Config
 
 F32 = 4
 KV_F16 = 0
+# bytes per 256 weights of the types whose device layout is the GGUF block stream as is (Q4_K, Q5_K)
+_ROW_BYTES_PER_256 = {12: 144, 13: 176}
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,34 @@ class Layers:
         else:
             self._call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x, t, y, 1, self.stream)
 
+    def matmuls(self, names: tuple[str, ...], x: int, ys: list[int], t: int) -> None:
+        """matmul(names[i], x, ys[i], t) for each i, with one launch where that is the same product: at t = 1,
+        consecutive Q4_K/Q5_K matrices that sit back to back in the arena (upload order = expected_tensors
+        order, and their byte sizes are multiples of the arena's 256-byte alignment) and whose outputs are back
+        to back too (_regions packs a single row without gaps when widths are multiples of 64) run as one GEMV
+        over their rows. Why: each GEMV launch pays ~4.7 µs of fixed cost (ramp and stream-K tail; H200 fit of
+        two shapes, docs/perf.md) against 12.5 µs of bytes for the 27B's FFN matrices. Q6_K/Q8_0 keep one
+        launch each: their device layout puts the fp16 scales after each tensor's blocks."""
+        groups: list[list[int]] = []
+        for i, name in enumerate(names):
+            if t == 1 and groups and self._joins(names[groups[-1][-1]], ys[groups[-1][-1]], name, ys[i]):
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        for g in groups:
+            w = self.m[names[g[0]]]
+            if len(g) == 1:
+                self.matmul(names[g[0]], x, ys[g[0]], t)
+            else:
+                rows = sum(self.m[names[i]].rows for i in g)
+                self._call("lb_gemv_q", w.qtype, w.ptr, rows, w.k, x, ys[g[0]], 1, self.stream)
+
+    def _joins(self, prev: str, y_prev: int, name: str, y: int) -> bool:
+        a, b = self.m[prev], self.m[name]
+        row_bytes = _ROW_BYTES_PER_256.get(a.qtype, 0) * (a.k // 256)
+        return (row_bytes > 0 and a.qtype == b.qtype and a.k == b.k and a.k % 256 == 0
+                and b.ptr == a.ptr + a.rows * row_bytes and y == y_prev + a.rows * F32)
+
     def rmsnorm(self, x: int, weight: str, y: int, t: int, zero: tuple[tuple[int, int], ...] = ()) -> None:
         """y = RMSNorm1p(x) over t rows; the (pointer, bytes) ranges in `zero` (at most two) cleared in the
         same launch: the outputs of the projections that follow."""
@@ -315,8 +345,7 @@ class Layers:
         """regs = mlp_regions(t)[0], cleared by the norm before."""
         b, pre, ffn = self.b, f"blk.{i}.", self.cfg.ffn
         gate, up = regs
-        self.matmul(pre + "ffn_gate.weight", b.h, gate, t)
-        self.matmul(pre + "ffn_up.weight", b.h, up, t)
+        self.matmuls((pre + "ffn_gate.weight", pre + "ffn_up.weight"), b.h, [gate, up], t)
         self._call("lb_df_swiglu", gate, up, b.act, t * ffn, self.stream)
         self.matmul(pre + "ffn_down.weight", b.act, b.x, t)
 
@@ -324,8 +353,7 @@ class Layers:
         """regs = deltanet_regions(i, p)[0], cleared by the norm before."""
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.gdn[i]
         qkv, z, a, beta_in = regs
-        self.matmul(pre + "attn_qkv.weight", b.h, qkv, p.t)
-        self.matmul(pre + "attn_gate.weight", b.h, z, p.t)
+        self.matmuls((pre + "attn_qkv.weight", pre + "attn_gate.weight"), b.h, [qkv, z], p.t)
         self.matmul(pre + "ssm_alpha.weight", b.h, a, p.t)
         self.matmul(pre + "ssm_beta.weight", b.h, beta_in, p.t)
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
@@ -344,9 +372,7 @@ class Layers:
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.attn[i]
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qg, k, v = regs  # qg [t, nh * 512]: per head [q | gate]
-        self.matmul(pre + "attn_q.weight", b.h, qg, p.t)
-        self.matmul(pre + "attn_k.weight", b.h, k, p.t)
-        self.matmul(pre + "attn_v.weight", b.h, v, p.t)
+        self.matmuls((pre + "attn_q.weight", pre + "attn_k.weight", pre + "attn_v.weight"), b.h, [qg, k, v], p.t)
         # tree slots sit at positions n_past + depth but in cache rows n_past + slot
         positions = b.positions if p.mode == "tree" else None
         prep = ("lb_attn_prep_at", self.state) if p.dev else ("lb_attn_prep", p.pos0)

@@ -233,3 +233,34 @@ def test_speculative_decoding_is_lossless(gguf, spec, rate):
     assert res.tokens == plain
     assert len(res.accept_lengths) < len(plain), "the draft was never accepted"
     eng.close()
+
+
+def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model):
+    """At t = 1, Q4_K/Q5_K matrices that sit back to back in the arena with back-to-back outputs run as one
+    GEMV (ffn_gate + ffn_up at least); a verify (t > 1) keeps one call per matrix; the results do not move
+    (the step's logits against the CPU engine, as in test_prefill_two_chunks_and_steps)."""
+    gpu, cpu, lib = engines(gguf, cpu_model)
+    cfg = gpu.cfg
+    prompt = [5, 17, 99, 3]
+    gpu.prefill(prompt)
+    cpu.prefill(prompt)
+    lib.log = []
+    got = gpu.step(42)
+    ref = cpu.step(42)
+    step_log, lib.log = lib.log, None
+    assert rel(got, ref) < TOL
+    gemv_rows = [a[2] for name, a in step_log if name == "lb_gemv_q"]
+    m = gpu._layers.m
+    for i in range(cfg.n_layers):
+        gate, up = m[f"blk.{i}.ffn_gate.weight"], m[f"blk.{i}.ffn_up.weight"]
+        if gate.qtype in (12, 13) and gate.qtype == up.qtype:
+            assert gate.rows + up.rows in gemv_rows, f"layer {i}: gate and up not fused"
+    # one launch fewer per fused pair: fewer GEMVs than matrices
+    n_mats = sum(1 for name in m if name.startswith("blk.") and name.endswith(".weight") and m[name].rows > 0)
+    assert len(gemv_rows) < n_mats
+    # a verify keeps one call per matrix (token-major [t, rows] outputs do not concatenate)
+    lib.log = []
+    gpu.verify(branched_tree(3, 5, cfg.vocab))
+    verify_log, lib.log = lib.log, None
+    assert all(a[2] in {w.rows for w in m.values()} for name, a in verify_log if name == "lb_gemm_q_smalln")
+    gpu.close()
