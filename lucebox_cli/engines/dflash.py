@@ -155,7 +155,8 @@ class DFlashTargetEngine:
             raise
         self._embed = EmbeddingRows(self.model, cfg)
         self.info = {"weight_bytes": arena_bytes(entries), "plan_bytes": self.plan.total, "budget": self.budget,
-                     "max_context": self.max_context, "upload_s": round(self.load_s, 2)}
+                     "max_context": self.max_context, "upload_s": round(self.load_s, 2),
+                     "cuda_graphs": self.use_graphs}  # in every bench row: a run says how it was made
         self.last_verify_ms: Optional[float] = None
         self.reset()
 
@@ -226,6 +227,8 @@ class DFlashTargetEngine:
         if on and not self._graph_ready:
             self._graph_setup()
         self._use_graphs = bool(on)
+        if hasattr(self, "info"):
+            self.info["cuda_graphs"] = self._use_graphs
 
     def _graph_setup(self) -> None:
         """What the captured passes need besides the plan's buffers (once): the state pointer, a device buffer

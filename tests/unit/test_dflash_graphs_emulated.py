@@ -209,3 +209,20 @@ def test_bench_tg_row_runs_the_loop(gguf):
     assert n == 9 and dt > 0 and eng.n_past == len(prompt) + 9
     assert lib.launches == 9 and lib.calls.count("lb_event_sync") == 9
     eng.close()
+
+
+def test_engine_info_says_whether_graphs_run(tmp_path):
+    # every bench row carries engine_info: a number must say whether it was made with graphs
+    from dflash_fake_lib import FakeLib
+    from dflash_tiny import make_tiny_q4km
+
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+    g = make_tiny_q4km(tmp_path / "m", n_layers=4, hv_ratio=3)
+    eng = DFlashTargetEngine(g, max_context=128, budget=8, lib=FakeLib(graphs=True), card_bytes=8 << 30)
+    try:
+        assert eng.info["cuda_graphs"] is eng.use_graphs
+        eng.use_graphs = not eng.use_graphs
+        assert eng.info["cuda_graphs"] is eng.use_graphs
+    finally:
+        eng.close()
