@@ -22,9 +22,11 @@
 // engine's verify through the staged small-N kernel gave wrong logits, which is why that kernel now launches
 // the classic way. Suspected, not shown: activations read through the non-coherent path (__ldg,
 // const __restrict__), whose contract is "read-only for the kernel's lifetime" — under PDL a kernel lives
-// while its predecessor still writes them. Whoever resumes this: trigger late (after the main loop), read
-// activations with coherent loads, and make tests/gpu/test_dflash_pdl.py's on/off check pass
-// (LUCEBOX_TEST_PDL=1).
+// while its predecessor still writes them. Tried in session 4 (777e144, reverted): the matrix kernels
+// triggering at each block's last item and the small-N kernel staging x with ld.global.cg and launching
+// with PDL: still 60 vs 94 tok/s and the on/off check (LUCEBOX_TEST_PDL=1) still failing, so neither is the
+// cause; what is left untried is the small kernels' top triggers and their `const __restrict__` reads.
+// With CUDA graphs the launch gaps PDL was meant to hide are ~0.4 µs (docs/perf.md "27B launch overhead").
 #pragma once
 
 #include <cuda_runtime.h>
