@@ -35,6 +35,19 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Sum across a block of kThreads threads; every thread gets the result. red: kThreads / 32 floats of shared
+// memory, free again only after a __syncthreads (the function holds one, before the reads).
+template <int kThreads>
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
+    if (lane_id() == 0) red[warp_id()] = v;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kThreads / LB_WARP_SIZE; ++k) tot += red[k];
+    return tot;
+}
+
 // Max across a warp; every lane gets the result.
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

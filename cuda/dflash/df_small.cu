@@ -37,16 +37,6 @@ struct ZeroRanges {
 // iterations per thread); other rows keep that loop.
 constexpr int NORM_VEC = 4;
 
-__device__ __forceinline__ float block_sum(float v, float* red) {
-    v = lb::warp_sum(v);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NORM_THREADS / 32; ++k) tot += red[k];
-    return tot;
-}
-
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                                                float* __restrict__ y, int n, float eps, int rows,
                                                                ZeroRanges z, bool vec) {
@@ -84,7 +74,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __re
         }
 #pragma unroll
         for (int j = 0; j < NORM_VEC; ++j) ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
-        const float r = rsqrtf(block_sum(ss, red) / n + eps);
+        const float r = rsqrtf(lb::block_sum<NORM_THREADS>(ss, red) / n + eps);
         float4* y4 = reinterpret_cast<float4*>(yr);
 #pragma unroll
         for (int j = 0; j < NORM_VEC; ++j) {
@@ -98,7 +88,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __re
     lb::pdl_wait();
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) ss += xr[i] * xr[i];
-    const float r = rsqrtf(block_sum(ss, red) / n + eps);
+    const float r = rsqrtf(lb::block_sum<NORM_THREADS>(ss, red) / n + eps);
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) yr[i] = xr[i] * r * w[i];
 }
 

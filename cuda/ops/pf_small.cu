@@ -22,22 +22,12 @@ __global__ void embed_gather_kernel(const uint16_t* __restrict__ E, const int32_
     dst[1] = make_float4(bf_lo(w.z), bf_hi(w.z), bf_lo(w.w), bf_hi(w.w));
 }
 
-__device__ __forceinline__ float block_sum256(float v, float* red) {
-    v = lb::warp_sum(v);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-    __syncthreads();
-    float t = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) t += red[w];
-    return t;
-}
-
 __global__ void __launch_bounds__(256) rmsnorm_bf16_kernel(const float* __restrict__ h, const float* __restrict__ w,
                                                            uint16_t* __restrict__ xb, float eps) {
     __shared__ float red[8];
     const int t = blockIdx.x, i = threadIdx.x * 4;
     const float4 x = *reinterpret_cast<const float4*>(h + (size_t)t * HID + i);
-    const float ss = block_sum256(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w, red);
+    const float ss = lb::block_sum<256>(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w, red);
     const float r = rsqrtf(ss / HID + eps);
     const float4 g = *reinterpret_cast<const float4*>(w + i);
     // split bf16: the hi part, then the lo part gridDim.x (= T) rows later
@@ -63,7 +53,7 @@ __global__ void __launch_bounds__(256) lm_head_kernel(const float* __restrict__ 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     {
         const float4 x = *reinterpret_cast<const float4*>(hrow + tid * 4);
-        const float ss = block_sum256(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w, red);
+        const float ss = lb::block_sum<256>(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w, red);
         const float r = rsqrtf(ss / HID + eps);
         const float4 g = *reinterpret_cast<const float4*>(w + tid * 4);
         *reinterpret_cast<float4*>(xs + tid * 4) = make_float4(x.x * r * g.x, x.y * r * g.y, x.z * r * g.z, x.w * r * g.w);
