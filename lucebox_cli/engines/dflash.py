@@ -492,11 +492,8 @@ class DFlashTargetEngine:
         t0 = time.perf_counter()
         self._pending = None
         if self.use_graphs:
-            self._upload_index(tree, tokens)
-            if self._emb_dev is not None:
-                self._layers.issue_embed(self._emb_dev, self._tokbuf, n)
-            else:
-                self._h2d(self._bufs.x, self._embed(tokens))
+            self._upload_index(tree, tokens)  # the token ids included
+            self._embed_x(tokens, ids_uploaded=True)
             self.lib.call("lb_graph_launch", self._tree_exec(n), self._stream)
             self.last_verify_features = self._tap_rows(n)
             if want_logits:
@@ -576,11 +573,13 @@ class DFlashTargetEngine:
         put("tokens", tokens[:n].astype(np.int32))
         self._h2d(base, stage)
 
-    def _embed_x(self, tokens: np.ndarray) -> None:
+    def _embed_x(self, tokens: np.ndarray, ids_uploaded: bool = False) -> None:
         """x[0..t) = the tokens' embedding rows: lb_df_embed_q when token_embd is on the device (the host
-        dequantizes ~1.4 ms per 23 Q4_K rows of the 27B), else rows dequantized on the host."""
+        dequantizes ~1.4 ms per 23 Q4_K rows of the 27B), else rows dequantized on the host. ids_uploaded:
+        the ids are in the token buffer already (a graph verify copies them with the tree's index)."""
         if self._emb_dev is not None:
-            self._h2d(self._tokbuf, tokens.astype(np.int32))
+            if not ids_uploaded:
+                self._h2d(self._tokbuf, tokens.astype(np.int32))
             self._layers.issue_embed(self._emb_dev, self._tokbuf, tokens.size)
         else:
             self._h2d(self._bufs.x, self._embed(tokens))
