@@ -72,18 +72,22 @@ if [ -z "${SKIP_PROFILE:-}" ]; then  # kernel timeline of one step and one verif
   grep -E "^== |^   " "$OUT/profile27.log" | head -90 | tee -a "$S"
 fi
 
-if [ -n "${AB_PDL:-}" ]; then  # AB_PDL=1: the same bench (no depth row) with the PDL experiment on
-  echo "== bench speed, LUCEBOX_PDL=1 (A/B)" | tee -a "$S"
-  LUCEBOX_PDL=1 timeout "${BENCH_TIMEOUT:-220}" "${LB[@]}" bench speed "$F" --engine cuda -p 520 -n 128 --verify-n 23 -r 3 \
-    --json > "$OUT/bench27_nopdl.json" 2> "$OUT/bench27_nopdl.log"
-  echo "bench (PDL on) rc=$?" | tee -a "$S"
-  python3 - "$OUT/bench27_nopdl.json" <<'PY' 2>> "$OUT/bench27_nopdl.log" | tee -a "$S"
+# AB_ENV="VAR=a VAR=b ...": the same bench (no depth row) once per assignment, for A/B runs of a runtime knob
+# (e.g. LUCEBOX_GEMV_PREFETCH=0, LUCEBOX_PDL=1); AB_PDL=1 is AB_ENV=LUCEBOX_PDL=1.
+AB_ENV=${AB_ENV:-${AB_PDL:+LUCEBOX_PDL=1}}
+for ab in ${AB_ENV:-}; do
+  tag=$(echo "$ab" | tr -c 'A-Za-z0-9_\n' '_')
+  echo "== bench speed, $ab (A/B)" | tee -a "$S"
+  env "$ab" timeout "${BENCH_TIMEOUT:-220}" "${LB[@]}" bench speed "$F" --engine cuda -p 520 -n 128 --verify-n 23 -r 3 \
+    --json > "$OUT/bench27_$tag.json" 2> "$OUT/bench27_$tag.log"
+  echo "bench ($ab) rc=$?" | tee -a "$S"
+  python3 - "$OUT/bench27_$tag.json" "$ab" <<'PY' 2>> "$OUT/bench27_$tag.log" | tee -a "$S"
 import json, sys
 for r in json.load(open(sys.argv[1])):
     extra = " | verify %.2f ms = %.2f AR steps" % (r["verify_ms"], r["verify_in_steps"]) if r.get("verify_ms") else ""
-    print("%14s %9.2f ± %.2f tok/s (PDL on)%s" % (r["test"], r["tok_s"], r["sd"], extra))
+    print("%14s %9.2f ± %.2f tok/s (%s)%s" % (r["test"], r["tok_s"], r["sd"], sys.argv[2], extra))
 PY
-fi
+done
 
 echo "== lucebox run --spec none --max-tokens 16" | tee -a "$S"
 t0=$SECONDS

@@ -10,7 +10,8 @@
 # tool returns at most 8 files).
 # Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant gdn 27b" (which
 # benches; "none" for tests only; "ring" adds the 0.8B weight-ring A/B, RINGS="auto,2x2048,..." its list),
-# LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build).
+# LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build), AB_ENV="VAR=a VAR=b"
+# (the GEMV rows and the 27B bench again under each assignment of a runtime knob).
 set -u -o pipefail
 OUT=${OUT:-/tmp/lucebox_out}
 PROFILE=${PROFILE:-h200-sm90}
@@ -70,6 +71,11 @@ if [[ " $BENCHES " == *" quant "* ]]; then
 echo "== 27B quantized GEMV bandwidth" | tee -a "$S"
 timeout 90 python3 tests/gpu/test_quant_gemv.py --bench > "$OUT/quant_gemv.log" 2>&1
 tail -22 "$OUT/quant_gemv.log" | tee -a "$S"
+for ab in ${AB_ENV:-}; do  # the n = 1 K-quant rows again under each A/B assignment (see device_27b.sh)
+  echo "== GEMV rows, $ab" | tee -a "$S"
+  env "$ab" timeout 60 python3 tests/gpu/test_quant_gemv.py --gemv-bench > "$OUT/quant_gemv_$(echo "$ab" | tr -c 'A-Za-z0-9_\n' '_').log" 2>&1
+  tail -24 "$OUT/quant_gemv_$(echo "$ab" | tr -c 'A-Za-z0-9_\n' '_').log" | tee -a "$S"
+done
 
 fi
 
