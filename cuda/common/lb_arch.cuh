@@ -55,17 +55,4 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Ask the bulk-copy engine to bring [p, p + bytes) into L2 (sm_90: cp.async.bulk.prefetch.L2, one
-// instruction however long the run; p and bytes multiples of 16). A hint: nothing waits for it, and it
-// costs no registers or load-pipe slots, which is why the quantized GEMVs use it to keep HBM busy ahead of
-// their own loads (qmm.cuh). Older archs: nothing (the 3090's 6 MB L2 has no room to run ahead in).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-#if LB_HAS_SM90
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
 }  // namespace lb

@@ -55,55 +55,6 @@ struct QmmArgs {
     int k;
     int n;
     int64_t items;  // row groups × (k / 256)
-    int pf_items;   // n = 1 kernels: L2 bulk prefetch this many items ahead of each warp (0: none); see below
-};
-
-// ---- L2 prefetch ahead of the loads (n = 1) --------------------------------------------------------
-//
-// Each warp of the n = 1 kernels has one item's weights in flight at a time (registers: a second buffer or
-// a cp.async ring measured slower, docs/perf.md "v5", "v6"), so a GEMV runs at what ~7 MB in flight buys
-// over HBM's loaded latency: ~3 TB/s, not the 4 TB/s the card reads. The bulk-copy engine's L2 prefetch
-// costs one instruction per row run and no registers: each warp asks for the rows of its next items
-// (between pf and 2·pf ahead, refilled every pf items), so HBM streams ahead and the warps' own loads hit
-// L2. In flight in L2 at most 2·pf items × 64 rows of every resident block (pf = 2: ~29 MB of Q4_K on the
-// H200, half its L2).
-//
-// Prefetch the rows this warp (rows_per_warp rows at warp·rows_per_warp of each group_rows group) reads for
-// items [from, to): one run per row and row group, the warp's lanes split over rows and then groups.
-template <int QT, int kRowsPerWarp, int kGroupRows>
-__device__ __forceinline__ void prefetch_items(const QmmArgs& a, int64_t from, int64_t to, int warp, int lane) {
-    static_assert(32 % kRowsPerWarp == 0, "rows per warp divide a warp");
-    constexpr int kGroupsAtOnce = 32 / kRowsPerWarp;
-    const int nb = a.k / QK;
-    const int64_t g0 = from / nb, g1 = (to - 1) / nb;
-    for (int64_t gi = g0 + lane / kRowsPerWarp; gi <= g1; gi += kGroupsAtOnce) {
-        const int64_t row = gi * kGroupRows + warp * kRowsPerWarp + lane % kRowsPerWarp;
-        if (row >= a.n_rows) continue;
-        const int lo = gi == g0 ? (int)(from - g0 * nb) : 0;
-        const int hi = gi == g1 ? (int)(to - g1 * nb) : nb;
-        Traits<QT>::prefetch_run(a.w, a.n_rows, a.k, row, lo, hi);
-    }
-}
-
-// The warp's prefetch cursor: `ahead` items past the current one (cur, with `left` items to go in the block,
-// itself included) are prefetched. Ints, and the current item passed in, not kept: the Q4_K GEMV sits at its
-// register bound.
-struct PrefetchCursor {
-    int ahead;
-    // at the block's start: items [cur, cur + 2·pf)
-    template <int QT, int kRowsPerWarp, int kGroupRows>
-    __device__ void start(const QmmArgs& a, int64_t cur, int left, int warp, int lane) {
-        ahead = min(left, 2 * a.pf_items);
-        if (ahead > 0) prefetch_items<QT, kRowsPerWarp, kGroupRows>(a, cur, cur + ahead, warp, lane);
-    }
-    // before each later item: once the lead is down to pf items, the next pf
-    template <int QT, int kRowsPerWarp, int kGroupRows>
-    __device__ void step(const QmmArgs& a, int64_t cur, int left, int warp, int lane) {
-        if (a.pf_items <= 0 || --ahead > a.pf_items || ahead >= left) return;
-        const int more = min(left - ahead, a.pf_items);
-        prefetch_items<QT, kRowsPerWarp, kGroupRows>(a, cur + ahead, cur + ahead + more, warp, lane);
-        ahead += more;
-    }
 };
 
 template <typename F, int... I>
@@ -238,10 +189,6 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
                     rr[m][h].d = __half2float(Traits<Q6_K>::d_array(a.w, a.n_rows, a.k)[row * nb + kb]);
             }
     };
-    // n = 1 only: the L2 prefetch ahead of the loads (the wider instances keep their registers)
-    constexpr bool kPrefetch = NT == 1 && MT == 1;
-    PrefetchCursor pf;
-    if constexpr (kPrefetch) pf.start<QT, 16, kGroupRows>(a, it, (int)(end - it), warp, lane);
     // The first item's weights are constant: their loads go out before waiting for the previous kernel
     // (PDL), which is what x and y depend on.
     int64_t row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
@@ -259,7 +206,6 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
         }
         xc.advance(kb, nb);
         row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
-        if constexpr (kPrefetch) pf.step<QT, 16, kGroupRows>(a, it, (int)(end - it), warp, lane);
         if (row0 < a.n_rows) load(row0);
     }
 }
@@ -385,10 +331,9 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
     pdl_trigger();
-    const int64_t it = a.items * blockIdx.x / gridDim.x;
-    // items to go, the current one included (an int: one register fewer than an end index)
-    int left = (int)(a.items * (blockIdx.x + 1) / gridDim.x - it);
-    if (left <= 0) {
+    int64_t it = a.items * blockIdx.x / gridDim.x;
+    const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
+    if (it >= end) {
         pdl_wait();  // lb_pdl.cuh: no block may finish before its predecessor
         return;
     }
@@ -432,8 +377,6 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
     Row ra[2];
-    PrefetchCursor pf;
-    pf.start<QT, 16, kGroupRows>(a, it, left, warp, lane);
     // The first item's weights are constant: their loads go out before waiting for the previous kernel
     // (PDL), which is what x and y depend on.
     load(ra);
@@ -486,8 +429,8 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
     auto step = [&](const Row (&cur)[2]) {
         const bool live = tile_live(grp);
         if (live) item(cur);
-        if ((kb + 1 == nb || left == 1) && live) flush();
-        if (--left == 0) return false;
+        if ((kb + 1 == nb || it + 1 == end) && live) flush();
+        if (++it == end) return false;
         if (++kb == nb) {
             kb = 0;
             ++grp;
@@ -499,7 +442,6 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
     };
     while (step(ra)) {
         advance_load();
-        pf.step<QT, 16, kGroupRows>(a, grp * nb + kb, left, warp, lane);
         load(ra);
     }
 }
@@ -765,28 +707,14 @@ int gemv_cols_config(QmmConfig& out) {
     return LB_OK;
 }
 
-// Items of L2 prefetch lead of the n = 1 kernels (PrefetchCursor): LUCEBOX_GEMV_PREFETCH (0 turns it off, for
-// A/B runs), read once per process; default kGemvPrefetchDefault.
-constexpr int kGemvPrefetchDefault = 2;
-inline int gemv_prefetch_items() {
-    static const int v = [] {
-        const char* e = std::getenv("LUCEBOX_GEMV_PREFETCH");
-        if (!e || !*e) return kGemvPrefetchDefault;
-        const int n = std::atoi(e);
-        return n < 0 ? 0 : std::min(n, 64);
-    }();
-    return v;
-}
-
 // Launch one configuration: grid = every block that fits at once, capped by the item count.
 // accumulate = 0 zeroes y first (the kernels only add).
 template <int QT, int NT, int MT>
 int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                cudaStream_t stream) {
     constexpr int kGroupRows = kWarps * MT * 16;
-    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0, 0};
+    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
-    if (n == 1) a.pf_items = gemv_prefetch_items();
     QmmConfig c;
     if constexpr (NT == 1 && MT == 1 && kColsType<QT>) {
         if (n == 1) {

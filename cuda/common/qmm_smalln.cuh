@@ -304,7 +304,7 @@ template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false>
 int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                       cudaStream_t stream) {
     constexpr int kGroupRows = W * MT * 16;
-    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0, 0};
+    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
     QmmConfig c;
     const int st = smalln_config<QT, NT, MT, W, kMinBlocks, kSplit>(c);

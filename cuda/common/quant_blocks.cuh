@@ -166,8 +166,6 @@ __device__ __forceinline__ void scale_min_k4(uint32_t s1, uint32_t s2, uint32_t 
 //                  (qmm_ring_kernel copies exactly these pieces into shared memory, lane by lane);
 //   kD16           Q6_K only: the row's fp16 d lives in the trailing d array, 2 bytes, outside the pieces;
 //   piece(w, n_rows, k, row, kb, t, p)    the global address of piece p;
-//   prefetch_run(w, n_rows, k, row, lo, hi) an L2 bulk prefetch of every byte blocks lo .. hi-1 of the row
-//                                          read (lb_arch.cuh prefetch_l2_bulk; runs of 16-byte multiples);
 //   klane(t) + kstep(c, u, s)              k within the block of byte 0 of word u, step s: the lane's
 //                                          part once per item, the rest a compile-time load offset;
 //   prep<c, s>(r, t)                       the Scales of chunk c, step s (shared by its four words);
@@ -197,9 +195,6 @@ struct TraitsK45 {
         if (p == kHdr) return b;
         if (kFive && p == kQh) return b + 16 + 16 * (t & 1);
         return b + (kFive ? 48 : 16) + 16 * t + 64 * (p - kQs);
-    }
-    __device__ static void prefetch_run(const uint8_t* w, int64_t, int k, int64_t row, int lo, int hi) {
-        prefetch_l2_bulk(w + (row * (k / QK) + lo) * kBlockBytes, (uint32_t)(hi - lo) * kBlockBytes);
     }
     __device__ static int klane(int t) { return 64 * (t >> 1) + 16 * (t & 1); }
     static constexpr int kstep(int c, int u, int s) { return 128 * c + 32 * s + 4 * u; }
@@ -260,15 +255,6 @@ struct Traits<Q6_K> {
     __device__ static const __half* d_array(const uint8_t* w, int64_t n_rows, int k) {
         return reinterpret_cast<const __half*>(w + n_rows * (k / QK) * kQ6Packed);
     }
-    // the 208-byte blocks, then their fp16 d (2 bytes each: the run widened to 16-byte bounds, which stay
-    // inside the arena's 256-byte aligned tensor slots)
-    __device__ static void prefetch_run(const uint8_t* w, int64_t n_rows, int k, int64_t row, int lo, int hi) {
-        const int64_t b0 = row * (k / QK);
-        prefetch_l2_bulk(w + (b0 + lo) * kQ6Packed, (uint32_t)(hi - lo) * kQ6Packed);
-        const uintptr_t d0 = reinterpret_cast<uintptr_t>(d_array(w, n_rows, k) + b0 + lo) & ~uintptr_t(15);
-        const uintptr_t d1 = (reinterpret_cast<uintptr_t>(d_array(w, n_rows, k) + b0 + hi) + 15) & ~uintptr_t(15);
-        prefetch_l2_bulk(reinterpret_cast<const void*>(d0), (uint32_t)(d1 - d0));
-    }
     __device__ static int klane(int t) { return 16 * t; }
     static constexpr int kstep(int c, int u, int s) { return 128 * c + 64 * s + 4 * u; }
     template <int C, int S>
@@ -312,11 +298,6 @@ struct Traits<Q8_0> {
                                            int p) {
         if (p < 4) return w + row * k + (int64_t)kb * QK + 16 * t + 64 * p;
         return w + n_rows * k + (row * (k / 32) + 8 * kb) * 2;
-    }
-    // the int8 quants, then the run's fp16 d (16 bytes per 256-block)
-    __device__ static void prefetch_run(const uint8_t* w, int64_t n_rows, int k, int64_t row, int lo, int hi) {
-        prefetch_l2_bulk(w + row * k + (int64_t)lo * QK, (uint32_t)(hi - lo) * QK);
-        prefetch_l2_bulk(w + n_rows * k + (row * (k / 32) + 8 * lo) * 2, (uint32_t)(hi - lo) * 16);
     }
     __device__ static int klane(int t) { return 16 * t; }
     static constexpr int kstep(int c, int u, int) { return 64 * c + 4 * u; }
