@@ -11,7 +11,8 @@
 # Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant gdn 27b" (which
 # benches; "none" for tests only; "ring" adds the 0.8B weight-ring A/B, RINGS="auto,2x2048,..." its list),
 # LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build), AB_ENV="VAR=a VAR=b"
-# (the GEMV rows and the 27B bench again under each assignment of a runtime knob).
+# (the GEMV rows and the 27B bench again under each assignment of a runtime knob; AB_ENV_27B: another list
+# for the 27B bench alone).
 set -u -o pipefail
 OUT=${OUT:-/tmp/lucebox_out}
 PROFILE=${PROFILE:-h200-sm90}
@@ -88,7 +89,7 @@ fi
 if [[ " $BENCHES " == *" 27b "* ]]; then
 echo "== full random 27B (scripts/device_27b.sh)" | tee -a "$S"
 mkdir -p "$OUT/27b"
-OUT="$OUT/27b" SKIP_WHEELS=1 bash scripts/device_27b.sh > "$OUT/27b/stdout.txt" 2>&1
+AB_ENV="${AB_ENV_27B-${AB_ENV:-}}" OUT="$OUT/27b" SKIP_WHEELS=1 bash scripts/device_27b.sh > "$OUT/27b/stdout.txt" 2>&1
 grep -E "pp520|tg128|verify23|rc=|^== |^   |PDL" "$OUT/27b/summary.txt" | tee -a "$S"
 fi
 

@@ -246,6 +246,13 @@ struct K45Cols {
         for (int j = 0; j < 4; ++j) r.qs[j] = ldg_stream8(b + kQsOff + 32 * j + 8 * t);
         if constexpr (kFive) r.qh = ldg_stream8(b + 16 + 8 * t);
     }
+    // the same pieces from a copy of the block in shared memory (qmm_gemv_tma.cuh)
+    __device__ static void load_shared(Row& r, const uint8_t* b, int t) {
+        r.hdr = *reinterpret_cast<const uint4*>(b);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r.qs[j] = *reinterpret_cast<const uint2*>(b + kQsOff + 32 * j + 8 * t);
+        if constexpr (kFive) r.qh = *reinterpret_cast<const uint2*>(b + 16 + 8 * t);
+    }
     // The A halves of (group J, half S, word W): s02 = bytes 0 and 2, s13 = bytes 1 and 3, each 1024 + q
     // (S = 0) or 1024 + 16q (S = 1), q with Q5_K's fifth bit.
     template <int J, int S, int W>
@@ -308,6 +315,65 @@ __device__ __forceinline__ void mma16816_zero(float (&d)[4], uint32_t a0, uint32
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
+// One item of the n = 1 sub-block-column scheme for lane (g, t): acc += rows g, g + 8 (r[0], r[1]) · x, x the
+// lane's 8 floats of sub-block g at xp (shared by gemv_k45_kernel and the bulk-copy ring kernel of
+// qmm_gemv_tma.cuh, which differ only in where the rows come from).
+template <int QT>
+struct K45Item {
+    using Row = typename K45Cols<QT>::Row;
+    uint32_t msk[8];  // all ones in column g's lanes: B of sub-block s is x there and 0 elsewhere
+    K45Sel sel;
+    __device__ __forceinline__ K45Item(int g, int t) : sel(k45_sel(t)) {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) msk[s] = 0u - (uint32_t)(g == s);
+    }
+    __device__ __forceinline__ void operator()(const Row (&r)[2], const float* xp, float (&acc)[4]) const {
+        constexpr uint32_t kOnes = 0x3C003C00u;  // half2(1, 1)
+        const float4 x0 = __ldg(reinterpret_cast<const float4*>(xp));
+        const float4 x1 = __ldg(reinterpret_cast<const float4*>(xp + 4));
+        const uint32_t xf[2][2] = {{h2_bits(__floats2half2_rn(x0.x, x0.z)), h2_bits(__floats2half2_rn(x0.y, x0.w))},
+                                   {h2_bits(__floats2half2_rn(x1.x, x1.z)), h2_bits(__floats2half2_rn(x1.y, x1.w))}};
+        float cx[4], c[4];
+        mma16816_zero(cx, kOnes, kOnes, kOnes, kOnes, xf[0][0], xf[0][1]);
+        mma16816(cx, kOnes, kOnes, kOnes, kOnes, xf[1][0], xf[1][1]);
+        static_for<4>([&](auto J) {
+            static_for<2>([&](auto S) {
+                static_for<2>([&](auto W) {
+                    constexpr int j = decltype(J)::value, s = decltype(S)::value, w = decltype(W)::value;
+                    uint32_t a0, a1, a2, a3;
+                    K45Cols<QT>::template raw<j, s, w>(r[0], a0, a2);
+                    K45Cols<QT>::template raw<j, s, w>(r[1], a1, a3);
+                    const uint32_t m = msk[2 * j + s];
+                    const uint32_t b0 = xf[w][0] & m, b1 = xf[w][1] & m;
+                    if constexpr (j == 0 && s == 0 && w == 0) mma16816_zero(c, a0, a1, a2, a3, b0, b1);
+                    else mma16816(c, a0, a1, a2, a3, b0, b1);
+                });
+            });
+        });
+        float d1[2][2], nm[2][2];
+        k45_scales(r[0].hdr, sel, d1[0], nm[0]);
+        k45_scales(r[1].hdr, sel, d1[1], nm[1]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float v = fmaf(cx[e], -1024.0f, c[e]);
+            acc[e] = fmaf(d1[e >> 1][e & 1], v, acc[e]);
+            acc[e] = fmaf(nm[e >> 1][e & 1], cx[e], acc[e]);
+        }
+    }
+};
+
+// y[row0 + g (+ 8)] += the 16-row tile's sums (fp32 atomics: a row group can be shared by two blocks); acc zeroed.
+__device__ __forceinline__ void k45_flush(float (&acc)[4], float* y, int64_t row0, int64_t n_rows, int g, int t) {
+    float va = acc[0] + acc[1], vb = acc[2] + acc[3];
+    va += __shfl_xor_sync(0xFFFFFFFFu, va, 1);
+    vb += __shfl_xor_sync(0xFFFFFFFFu, vb, 1);
+    va += __shfl_xor_sync(0xFFFFFFFFu, va, 2);
+    vb += __shfl_xor_sync(0xFFFFFFFFu, vb, 2);
+    const int64_t row = row0 + g + 8 * (t & 1);
+    if (t < 2 && row < n_rows) atomicAdd(y + row, t ? vb : va);
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+}
+
 // Each warp loads an item's weights at the end of the previous one, as the register kernel does. Two ways
 // of keeping the next item in flight while computing measured slower on the H200 (docs/perf.md, 27B GEMV
 // "v5"): a second register buffer (117 registers, 4 blocks per SM instead of 7) and an L2 prefetch of the
@@ -326,7 +392,6 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
     using K = K45Cols<QT>;
     using Row = typename K::Row;
     constexpr int kGroupRows = kWarps * 16;
-    constexpr uint32_t kOnes = 0x3C003C00u;  // half2(1, 1)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
@@ -370,10 +435,7 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
         }
     };
 
-    uint32_t msk[8];  // all ones in column g's lanes: B of sub-block s is x there and 0 elsewhere
-#pragma unroll
-    for (int s = 0; s < 8; ++s) msk[s] = 0u - (uint32_t)(g == s);
-    const K45Sel sel = k45_sel(t);
+    const K45Item<QT> item_math(g, t);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
     Row ra[2];
@@ -383,48 +445,8 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
     pdl_wait();
     const float* xp = a.x + (int64_t)kb * QK + 32 * g + 8 * t;
 
-    auto item = [&](const Row (&r)[2]) {
-        const float4 x0 = __ldg(reinterpret_cast<const float4*>(xp));
-        const float4 x1 = __ldg(reinterpret_cast<const float4*>(xp + 4));
-        const uint32_t xf[2][2] = {{h2_bits(__floats2half2_rn(x0.x, x0.z)), h2_bits(__floats2half2_rn(x0.y, x0.w))},
-                                   {h2_bits(__floats2half2_rn(x1.x, x1.z)), h2_bits(__floats2half2_rn(x1.y, x1.w))}};
-        float cx[4], c[4];
-        mma16816_zero(cx, kOnes, kOnes, kOnes, kOnes, xf[0][0], xf[0][1]);
-        mma16816(cx, kOnes, kOnes, kOnes, kOnes, xf[1][0], xf[1][1]);
-        static_for<4>([&](auto J) {
-            static_for<2>([&](auto S) {
-                static_for<2>([&](auto W) {
-                    constexpr int j = decltype(J)::value, s = decltype(S)::value, w = decltype(W)::value;
-                    uint32_t a0, a1, a2, a3;
-                    K::template raw<j, s, w>(r[0], a0, a2);
-                    K::template raw<j, s, w>(r[1], a1, a3);
-                    const uint32_t m = msk[2 * j + s];
-                    const uint32_t b0 = xf[w][0] & m, b1 = xf[w][1] & m;
-                    if constexpr (j == 0 && s == 0 && w == 0) mma16816_zero(c, a0, a1, a2, a3, b0, b1);
-                    else mma16816(c, a0, a1, a2, a3, b0, b1);
-                });
-            });
-        });
-        float d1[2][2], nm[2][2];
-        k45_scales(r[0].hdr, sel, d1[0], nm[0]);
-        k45_scales(r[1].hdr, sel, d1[1], nm[1]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float v = fmaf(cx[e], -1024.0f, c[e]);
-            acc[e] = fmaf(d1[e >> 1][e & 1], v, acc[e]);
-            acc[e] = fmaf(nm[e >> 1][e & 1], cx[e], acc[e]);
-        }
-    };
-    auto flush = [&]() {
-        float va = acc[0] + acc[1], vb = acc[2] + acc[3];
-        va += __shfl_xor_sync(0xFFFFFFFFu, va, 1);
-        vb += __shfl_xor_sync(0xFFFFFFFFu, vb, 1);
-        va += __shfl_xor_sync(0xFFFFFFFFu, va, 2);
-        vb += __shfl_xor_sync(0xFFFFFFFFu, vb, 2);
-        const int64_t row = grp * kGroupRows + warp * 16 + g + 8 * (t & 1);
-        if (t < 2 && row < a.n_rows) atomicAdd(a.y + row, t ? vb : va);
-        acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-    };
+    auto item = [&](const Row (&r)[2]) { item_math(r, xp, acc); };
+    auto flush = [&]() { k45_flush(acc, a.y, grp * kGroupRows + warp * 16, a.n_rows, g, t); };
     // One item (its weights in cur); false at the end of the block's range.
     auto step = [&](const Row (&cur)[2]) {
         const bool live = tile_live(grp);
@@ -448,6 +470,14 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
 
 template <int QT>
 constexpr bool kColsType = QT == Q4_K || QT == Q5_K;
+
+}  // namespace q
+}  // namespace lb
+
+#include "qmm_gemv_tma.cuh"
+
+namespace lb {
+namespace q {
 
 // ---- the ring kernel (Q8_0, n <= 8, large tensors) ----------------------------------------------
 
@@ -722,6 +752,10 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
             if (st != LB_OK) return st;
             const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
             if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
+            if (gemv_tma_ring().run > 0) {
+                const int st = gemv_tma_launch<QT>(a, stream);
+                if (st != kTmaNotHere) return st;  // else: no sm_90 or no room for the ring
+            }
             LB_CUDA_TRY(launch_pdl(gemv_k45_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0,
                                    stream, a));
             return LB_OK;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "lb_arch.cuh"
+#include "lb_async.cuh"
 
 namespace mk {
 
@@ -182,57 +183,14 @@ __device__ __forceinline__ void mk_mark(int step, int i) {
 __device__ __forceinline__ void mk_mark(int, int) {}
 #endif
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+// The async-copy primitives live in lb_async.cuh (shared with the quantized GEMV's bulk-copy ring).
+using lb::cp_async16;
+using lb::mbar_arrive_cp_async;
+using lb::mbar_init;
+using lb::mbar_wait;
+using lb::smem_addr;
 #if LB_DEVICE_ARCH >= 900
-    // make the initialised barrier visible to the bulk copy engine (async proxy)
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+using lb::bulk_copy;
 #endif
-}
-
-// The mbarrier completes its phase once every thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-#if LB_DEVICE_ARCH >= 900
-// sm_90: one thread moves a whole chunk with the bulk copy engine; the mbarrier counts its bytes.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-    // No proxy fence before the write: the slot's generic reads completed before the __syncthreads
-    // that precedes this call (the same consumer-release order CUTLASS's TMA pipelines rely on).
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(bar))
-        : "memory");
-}
-#endif
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-    uint32_t done = 0;
-    while (!done) {
-#if LB_DEVICE_ARCH >= 900
-        asm volatile(
-            "{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
-            : "memory");
-#else
-        asm volatile(
-            "{ .reg .pred p; mbarrier.test_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-            : "=r"(done)
-            : "r"(smem_addr(bar)), "r"(parity)
-            : "memory");
-#endif
-    }
-}
 
 }  // namespace mk
