@@ -1,6 +1,6 @@
-// Asynchronous-copy primitives shared by the kernels that stream weights through shared memory (the 0.8B
-// megakernel's weight rings, the quantized GEMV's bulk-copy ring): cp.async (sm_80+), mbarriers, and the
-// sm_90 bulk copy engine.
+// Asynchronous-copy primitives for kernels that stream weights through shared memory (the 0.8B megakernel's
+// weight rings; session 5's bulk-copy GEMV ring used them too, 30c252a): cp.async (sm_80+), mbarriers, and
+// the sm_90 bulk copy engine.
 #pragma once
 
 #include <cuda_runtime.h>

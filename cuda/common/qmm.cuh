@@ -246,13 +246,6 @@ struct K45Cols {
         for (int j = 0; j < 4; ++j) r.qs[j] = ldg_stream8(b + kQsOff + 32 * j + 8 * t);
         if constexpr (kFive) r.qh = ldg_stream8(b + 16 + 8 * t);
     }
-    // the same pieces from a copy of the block in shared memory (qmm_gemv_tma.cuh)
-    __device__ static void load_shared(Row& r, const uint8_t* b, int t) {
-        r.hdr = *reinterpret_cast<const uint4*>(b);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) r.qs[j] = *reinterpret_cast<const uint2*>(b + kQsOff + 32 * j + 8 * t);
-        if constexpr (kFive) r.qh = *reinterpret_cast<const uint2*>(b + 16 + 8 * t);
-    }
     // The A halves of (group J, half S, word W): s02 = bytes 0 and 2, s13 = bytes 1 and 3, each 1024 + q
     // (S = 0) or 1024 + 16q (S = 1), q with Q5_K's fifth bit.
     template <int J, int S, int W>
@@ -316,8 +309,8 @@ __device__ __forceinline__ void mma16816_zero(float (&d)[4], uint32_t a0, uint32
 }
 
 // One item of the n = 1 sub-block-column scheme for lane (g, t): acc += rows g, g + 8 (r[0], r[1]) · x, x the
-// lane's 8 floats of sub-block g at xp (shared by gemv_k45_kernel and the bulk-copy ring kernel of
-// qmm_gemv_tma.cuh, which differ only in where the rows come from).
+// lane's 8 floats of sub-block g at xp. (Apart from gemv_k45_kernel's loads so that another way of bringing
+// the rows in can share it: session 5's bulk-copy ring, 30c252a, measured slower and was removed.)
 template <int QT>
 struct K45Item {
     using Row = typename K45Cols<QT>::Row;
@@ -470,14 +463,6 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
 
 template <int QT>
 constexpr bool kColsType = QT == Q4_K || QT == Q5_K;
-
-}  // namespace q
-}  // namespace lb
-
-#include "qmm_gemv_tma.cuh"
-
-namespace lb {
-namespace q {
 
 // ---- the ring kernel (Q8_0, n <= 8, large tensors) ----------------------------------------------
 
@@ -752,10 +737,6 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
             if (st != LB_OK) return st;
             const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
             if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
-            if (gemv_tma_ring().run > 0) {
-                const int st = gemv_tma_launch<QT>(a, stream);
-                if (st != kTmaNotHere) return st;  // else: no sm_90 or no room for the ring
-            }
             LB_CUDA_TRY(launch_pdl(gemv_k45_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0,
                                    stream, a));
             return LB_OK;

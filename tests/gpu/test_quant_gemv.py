@@ -177,35 +177,6 @@ def test_gemm_q_smalln_many_items(qt, n):
     assert err < TOL, f"{qt} N{rows} K{k} n={n}: relative RMS {err:.2e}"
 
 
-# The bulk-copy ring GEMV (cuda/common/qmm_gemv_tma.cuh; Q4_K/Q5_K at n = 1 on sm_90) is chosen once per
-# process by LUCEBOX_GEMV_RING="R,S": each configuration runs the n = 1 cases in a child process. R = 3 and 4
-# cut runs at the row-group end of the odd 7-block rows; (17408, 5120) gives every block many stages.
-RINGS = ["1,2", "2,4", "3,3", "4,2"]
-
-
-def gemv_cases(types=("Q4_K", "Q5_K")) -> int:
-    """Script mode --gemv-cases: the n = 1 cases of `types` (every GEMV shape, store and accumulate); failures."""
-    failed = 0
-    for qt in types:
-        for rows, k in GEMV_SHAPES:
-            for acc in (0, 1):
-                err = run_case(qt, rows, k, 1, acc)
-                ok = err < TOL
-                failed += not ok
-                print(f"{'PASS' if ok else 'FAIL'} {qt} N{rows} K{k} n1 {'acc' if acc else 'store'}: rel RMS {err:.2e}")
-    return failed
-
-
-@pytest.mark.parametrize("ring", RINGS)
-def test_gemv_ring(ring):
-    import os
-    import subprocess
-
-    env = {**os.environ, "LUCEBOX_GEMV_RING": ring}
-    r = subprocess.run([sys.executable, __file__, "--gemv-cases"], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "PASS" in r.stdout, f"ring {ring}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-
-
 def run_pair(qt: str, rows: int, k: int, n: int, pdl: int) -> np.ndarray:
     """One call (accumulate = 0 onto NaN) with programmatic dependent launch on or off; returns y."""
     w, _ = case(qt, rows, k)
@@ -320,8 +291,6 @@ def _main(argv: list[str]) -> int:
         cases += [(qt, r, k, 1, a) for r, k in GEMV_SHAPES for a in (0, 1)]
         cases += [(qt, *MANY_ITEMS_SHAPE, n, n % 2) for n in MANY_ITEMS_NS]
         cases += [(qt, r, k, n, n % 2) for r, k in SMALLN_SHAPES for n in NS]
-    if "--gemv-cases" in argv:  # the n = 1 K4/K5 cases only (test_gemv_ring runs this per ring)
-        return 1 if gemv_cases() else 0
     if any(f in argv for f in ("--bench-only", "--bench-one", "--gemv-bench")):
         cases = []
     for qt, r, k, n, acc in cases:
