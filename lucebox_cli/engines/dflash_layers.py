@@ -135,12 +135,12 @@ class Sym:
         return f"Sym({self.key!r}{f' + {self.add}' if self.add else ''})"
 
 
-def _regions(base: int, t: int, widths: tuple[int, ...]) -> tuple[list[int], int]:
-    """Start addresses of regions of t rows of each width (floats) packed from base, each start 256-byte
+def _regions(base: int, t: int, widths: tuple[int, ...], align: int = 256) -> tuple[list[int], int]:
+    """Start addresses of regions of t rows of each width (floats) packed from base, each start `align`-byte
     aligned, and the bytes from base to the end of the last one (the range one zeroing clears)."""
     starts, at = [], 0
     for w in widths:
-        at = (at + 255) // 256 * 256
+        at = (at + align - 1) // align * align
         starts.append(base + at)
         at += t * w * F32
     return starts, at
@@ -299,6 +299,12 @@ class Layers:
             t_pre = b.gdn[i].t_pre
             rest, end = _regions(b.proj, p.t, (vd, cfg.hv, cfg.hv))
             return [t_pre, *rest], ((t_pre, p.t * c * F32), (b.proj, end))
+        if p.t == 1:
+            # one row: [qkv | z | beta | alpha] without gaps, the arena's order of the four matrices, so that
+            # matmuls() runs the Q4_K/Q5_K ones as one GEMV (the two 48-row ones alone cost a ~4.7 µs launch
+            # each); 16-byte starts keep the float4 reads of the ops after them
+            (qkv, z, beta_in, a), end = _regions(b.proj, 1, (c, vd, cfg.hv, cfg.hv), align=16)
+            return [qkv, z, a, beta_in], ((b.proj, end),)
         regs, end = _regions(b.proj, p.t, (c, vd, cfg.hv, cfg.hv))
         return regs, ((b.proj, end),)
 
@@ -353,9 +359,8 @@ class Layers:
         """regs = deltanet_regions(i, p)[0], cleared by the norm before."""
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.gdn[i]
         qkv, z, a, beta_in = regs
-        self.matmuls((pre + "attn_qkv.weight", pre + "attn_gate.weight"), b.h, [qkv, z], p.t)
-        self.matmul(pre + "ssm_alpha.weight", b.h, a, p.t)
-        self.matmul(pre + "ssm_beta.weight", b.h, beta_in, p.t)
+        self.matmuls((pre + "attn_qkv.weight", pre + "attn_gate.weight", pre + "ssm_beta.weight",
+                      pre + "ssm_alpha.weight"), b.h, [qkv, z, beta_in, a], p.t)
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
         if p.mode == "tree":
             self._call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,

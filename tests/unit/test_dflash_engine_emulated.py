@@ -255,6 +255,27 @@ def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model):
         gate, up = m[f"blk.{i}.ffn_gate.weight"], m[f"blk.{i}.ffn_up.weight"]
         if gate.qtype in (12, 13) and gate.qtype == up.qtype:
             assert gate.rows + up.rows in gemv_rows, f"layer {i}: gate and up not fused"
+    # the DeltaNet input projections: every matrix of attn_qkv, attn_gate, ssm_beta, ssm_alpha that sits right
+    # after the one before it in the arena, with the same type, launches with it (the 48-row beta and alpha
+    # of the 27B would otherwise pay a whole GEMV launch each)
+    fused_any = False
+    for i in range(cfg.n_layers):
+        if cfg.is_attention(i):
+            continue
+        names = [f"blk.{i}.{n}.weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")]
+        run = [m[names[0]]]
+        for name in names[1:]:
+            w, prev = m[name], run[-1]
+            nbytes = prev.rows * (prev.k // 256) * {12: 144, 13: 176}.get(prev.qtype, 0)
+            if prev.qtype in (12, 13) and w.qtype == prev.qtype and w.ptr == prev.ptr + nbytes:
+                run.append(w)
+            else:
+                assert len(run) == 1 or sum(x.rows for x in run) in gemv_rows, f"layer {i}: {len(run)} not fused"
+                fused_any |= len(run) > 1
+                run = [w]
+        assert len(run) == 1 or sum(x.rows for x in run) in gemv_rows, f"layer {i}: {len(run)} not fused"
+        fused_any |= len(run) > 1
+    assert fused_any, "no DeltaNet projections sat back to back: the tiny model no longer tests this"
     # one launch fewer per fused pair: fewer GEMVs than matrices
     n_mats = sum(1 for name in m if name.startswith("blk.") and name.endswith(".weight") and m[name].rows > 0)
     assert len(gemv_rows) < n_mats
