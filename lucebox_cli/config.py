@@ -94,6 +94,8 @@ _SCHEMA: tuple[_Field, ...] = (
     _Field("run.budget", "int", lo=1, hi=1024),
     _Field("run.kv_cache_type", "str", choices=("f16", "bf16", "q8_0", "q4_0")),
     _Field("run.max_context", "int", lo=256, hi=1 << 22),
+    # rows of one 27B prefill pass (a multiple of 64; more rows: fewer, longer launches, more activation memory)
+    _Field("run.prefill_rows", "int", required=False, lo=64, hi=1024),
 )
 # Sections whose keys are all listed above (a typo there is an error). `build` also takes extra
 # sub-sections of tuning values for other kernels (numbers, strings, or lists of them).
@@ -123,6 +125,7 @@ class RunDefaults:
     budget: int
     kv_cache_type: str
     max_context: int
+    prefill_rows: int = 64
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,8 @@ def load_profile_file(path: Path) -> Profile:
         hardware=hardware,
         arch=build["arch"],
         gencode=build["gencode"],
-        run=RunDefaults(budget=run["budget"], kv_cache_type=run["kv_cache_type"], max_context=run["max_context"]),
+        run=RunDefaults(budget=run["budget"], kv_cache_type=run["kv_cache_type"], max_context=run["max_context"],
+                        prefill_rows=run.get("prefill_rows", 64)),
         data=_freeze(doc),
     )
 
@@ -379,6 +383,9 @@ def _validate(path: Path, doc: Mapping[str, Any]) -> None:
         fail("build.arch", f"{doc['build']['arch']} does not match compute_capability {cc[0]}.{cc[1]}")
     if f"compute_{m.group(1)}{m.group(2)}" not in doc["build"]["gencode"]:
         fail("build.gencode", f"does not name compute_{m.group(1)}{m.group(2)}")
+    rows = doc["run"].get("prefill_rows", 64)
+    if rows % 64:
+        fail("run.prefill_rows", f"{rows} is not a multiple of 64 (the quantized GEMMs take 64 columns at a time)")
     for pattern in doc["hardware"]["gpu_names"]:
         try:
             re.compile(pattern)

@@ -34,8 +34,9 @@ without waiting and reads each token after its event. Steps already queued when 
 run: they are counted in n_past (the device state includes them), and only the tokens up to the stop are
 returned (a generation ends there; the next one resets the engine).
 
-What is not built yet, said rather than hidden: prefill runs in chunks of 64 rows through the small-N
-quantized GEMM (the tensor-core GEMM for quantized weights does not exist yet), logits come back to
+What is not built yet, said rather than hidden: prefill runs in passes of prefill_rows rows (the profile's
+run.prefill_rows) whose GEMMs go 64 columns at a time through the small-N quantized GEMM (a tensor-core GEMM
+over the whole pass does not exist yet), logits come back to
 the host for every row a sampling (T > 0) caller needs, captured tap features are kept on the host (`features`,
 `last_verify_features`, as engines/cpu.py keeps them), prefill and commit are not graphed.
 """
@@ -117,7 +118,7 @@ class DFlashTargetEngine:
 
     def __init__(self, gguf: str | Path | GGUFModel, *, profile: Optional[str] = None, max_context: int = 4096,
                  budget: int = 22, tap_layers: Sequence[int] = (), lib: Any = None, prof: Any = None,
-                 card_bytes: Optional[int] = None):
+                 card_bytes: Optional[int] = None, prefill_rows: Optional[int] = None):
         from lucebox_cli.gguf_io import GGUFModel
         from lucebox_cli.models.qwen35_gguf import read_model_config
 
@@ -129,10 +130,14 @@ class DFlashTargetEngine:
             raise UsageError(f"tap layers {list(self.tap_layers)} outside 0..{cfg.n_layers - 1}")
         self.max_context, self.budget = int(max_context), int(budget)
         entries = upload_plan(self.model, cfg)  # refuses unsupported shapes / types before any GPU work
-        self.plan = mp.plan(cfg, self.model, context=self.max_context, budget=self.budget)
         if lib is None:
             lib, prof = open_gpu(profile)
         self.lib, self.profile = lib, prof
+        # rows of one prefill pass: the argument, else the profile's run.prefill_rows, else 64
+        run = getattr(prof, "run", None)
+        self.prefill_rows = mp.check_prefill_rows(prefill_rows or getattr(run, "prefill_rows", mp.PREFILL_ROWS))
+        self.plan = mp.plan(cfg, self.model, context=self.max_context, budget=self.budget,
+                            prefill_rows=self.prefill_rows)
         card = card_bytes if card_bytes is not None else int(lib.device_props(0)["total_mem_bytes"])
         mp.fit(self.plan, card, getattr(prof, "name", "") or f"{card / 1e9:.0f} GB")
         self.stats = EngineStats()
@@ -180,7 +185,7 @@ class DFlashTargetEngine:
 
     def _carve(self) -> Buffers:
         cfg = self.cfg
-        blist = mp.buffer_list(cfg, context=self.max_context, budget=self.budget)
+        blist = mp.buffer_list(cfg, context=self.max_context, budget=self.budget, prefill_rows=self.prefill_rows)
         self._check_scratch_sizes(blist)
         arena = _Arena(self.lib, sum(b.nbytes for b in blist))
         self._arenas.append(arena)
@@ -264,10 +269,11 @@ class DFlashTargetEngine:
         if fn is None or not hasattr(fn, "lb_gdn_prefill_scratch_bytes"):
             return
         cfg, have = self.cfg, {b.name: b.nbytes for b in blist}
-        need = {"gdn_scratch": max(fn.lb_gdn_prefill_scratch_bytes(CHUNK, cfg.hk, cfg.hv),
+        rows = self.prefill_rows
+        need = {"gdn_scratch": max(fn.lb_gdn_prefill_scratch_bytes(rows, cfg.hk, cfg.hv),
                                    fn.lb_gdn_step_scratch_bytes(1, cfg.hk, cfg.hv)),
                 "partials": max(fn.lb_attn_partials_bytes(1, cfg.n_heads, mp.ATTN_SPLITS_ONE),
-                                fn.lb_attn_partials_bytes(CHUNK, cfg.n_heads, mp.ATTN_SPLITS_MANY))}
+                                fn.lb_attn_partials_bytes(rows, cfg.n_heads, mp.ATTN_SPLITS_MANY))}
         for name, n in need.items():
             if n > have[name]:
                 raise LuceboxError(f"internal: the memory plan gives {name} {have[name]} bytes, the ops need {n}")
@@ -318,12 +324,12 @@ class DFlashTargetEngine:
             self.lib.call("lb_dev_memset", ptr, 0xFF, nbytes)
 
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Append tokens in chunks of 64 rows; float32 logits [V] of the last one."""
+        """Append tokens in passes of prefill_rows rows; float32 logits [V] of the last one."""
         tokens = self._tokens(token_ids)
         self._check_room(tokens.size)
         self._pending, self.last_verify_features = None, None
-        for c0 in range(0, tokens.size, CHUNK):
-            chunk = tokens[c0 : c0 + CHUNK]
+        for c0 in range(0, tokens.size, self.prefill_rows):
+            chunk = tokens[c0 : c0 + self.prefill_rows]
             self._forward(chunk, Pass("prefill", chunk.size, self._n_past), keep=True)
             self._n_past += chunk.size
         self.stats.prefill_tokens += tokens.size

@@ -1,6 +1,7 @@
 """The 27B target's forward pass as a sequence of C API calls (engines/dflash.py drives it).
 
-One pass runs t <= 64 rows through every layer: a prefill chunk (chunked DeltaNet, causal attention),
+One pass runs t rows through every layer: a prefill pass of up to prefill_rows rows (chunked DeltaNet,
+causal attention; the profile's run.prefill_rows, 64 by default),
 one decode step (recurrent DeltaNet, split-KV attention) or the slots of a tree (DeltaNet along parent
 links keeping per-slot inputs for commit, attention under the ancestor mask). Per layer, as
 engines/cpu.py computes it:
@@ -8,8 +9,8 @@ engines/cpu.py computes it:
     h = RMSNorm1p(x, attn_norm); x += Mixer(h); h = RMSNorm1p(x, post_attention_norm);
     x += down(SiLU(gate h) * up h)
 
-Projections read quantized weights (lb_gemv_q for one row, lb_gemm_q_smalln for 2..64 rows; outputs
-[t, rows] token-major) and every one of them accumulates (accumulate = 1): the output projections of
+Projections read quantized weights (lb_gemv_q for one row, lb_gemm_q_smalln for 2..64 rows, 64 columns at
+a time above that; outputs [t, rows] token-major) and every one of them accumulates (accumulate = 1): the output projections of
 the mixer and the MLP add straight into x, which is the residual add, and the projections that write a
 fresh output (the mixer's and the MLP's inputs, the LM head) add onto zeros that the RMSNorm before
 them cleared in its own launch (lb_df_rmsnorm's zero ranges), so no cudaMemsetAsync and its launch
@@ -17,7 +18,8 @@ gap sits between the norm and the matmuls. For that the outputs of one group sit
 regions of the projection buffer are packed for the pass's t rows (`_regions`, each start 256-byte
 aligned), so one range covers them; a verify's DeltaNet qkv goes to the layer's kept inputs (t_pre),
 the second range. Buffers are carved once by engines/dflash.py from memory_plan.target_buffers (proj
-holds CHUNK rows of the widest group, which bounds the packed regions for every t <= CHUNK).
+holds prefill_rows rows of the widest group, which bounds the packed regions of every pass; the logits and
+the tree index hold CHUNK rows: a prefill needs the last row's logits only, a verify at most CHUNK slots).
 
 Every call takes the engine's stream (`stream`, from lb_stream_create; None: the legacy stream), so
 that kernels launched with programmatic dependent launch overlap their boundaries (lb_pdl.cuh).
@@ -86,11 +88,11 @@ class AttnLayer:
 class Buffers:
     """Device pointers (ints) of the scratch every pass shares."""
 
-    x: int  # residual stream [CHUNK, hidden]
-    h: int  # normed input [CHUNK, hidden]
-    proj: int  # projections: a group's outputs packed for t rows (_regions), room for CHUNK rows
-    act: int  # mixer / MLP output before its out-projection [CHUNK, width]
-    qf: int  # attention queries after norm + RoPE [CHUNK, nh, 256]
+    x: int  # residual stream [prefill_rows, hidden]
+    h: int  # normed input [prefill_rows, hidden]
+    proj: int  # projections: a group's outputs packed for t rows (_regions), room for prefill_rows rows
+    act: int  # mixer / MLP output before its out-projection [prefill_rows, width]
+    qf: int  # attention queries after norm + RoPE [prefill_rows, nh, 256]
     gdn_scratch: int
     tree_q: int  # [S, Hk*128]
     tree_o: int  # [S, Hv*128]
@@ -243,12 +245,17 @@ class Layers:
     # -- primitives --
 
     def matmul(self, name: str, x: int, y: int, t: int) -> None:
-        """y[t, rows] += W x: y is the residual stream or a region the norm before it cleared."""
+        """y[t, rows] += W x: y is the residual stream or a region the norm before it cleared. A prefill pass of
+        more than CHUNK rows runs CHUNK columns at a time (the small-N kernels' limit; each call reads the
+        weights once, as the 64-row passes did)."""
         w = self.m[name]
         if t == 1:
             self._call("lb_gemv_q", w.qtype, w.ptr, w.rows, w.k, x, y, 1, self.stream)
-        else:
-            self._call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x, t, y, 1, self.stream)
+            return
+        for c0 in range(0, t, CHUNK):
+            n = min(CHUNK, t - c0)
+            self._call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x + c0 * w.k * F32, n, y + c0 * w.rows * F32,
+                       1, self.stream)
 
     def matmuls(self, names: tuple[str, ...], x: int, ys: list[int], t: int) -> None:
         """matmul(names[i], x, ys[i], t) for each i, with one launch where that is the same product: at t = 1,

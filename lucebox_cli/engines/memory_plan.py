@@ -33,7 +33,8 @@ MIB = 1 << 20
 # a context costs ~300 MiB on Ampere and the .so's kernels are a few tens of MiB.
 CUDA_OVERHEAD = 640 * MIB
 ALIGN = 256
-CHUNK = 64  # rows of one prefill pass, and the most tree slots one verify takes (the small-N limit)
+CHUNK = 64  # the most tree slots one verify takes, and the columns of one quantized GEMM call (the small-N limit)
+PREFILL_ROWS = 64  # rows of one prefill pass unless the profile says otherwise (run.prefill_rows)
 ATTN_SPLITS_ONE = 64  # split-KV blocks per kv head for a single query (decode)
 ATTN_SPLITS_MANY = 16  # for prefill chunks and tree verify
 D = 128  # DeltaNet dk = dv, the only size the ops take
@@ -179,12 +180,21 @@ class Buffer:
     scratch: bool
 
 
-def buffer_list(cfg: Qwen35Config, *, context: int, budget: int) -> list[Buffer]:
-    """Every buffer the target engine allocates besides weights, in carving order."""
+def check_prefill_rows(rows: int) -> int:
+    """rows of one prefill pass: a positive multiple of CHUNK (a pass runs its GEMMs CHUNK columns at a time)."""
+    if rows < CHUNK or rows % CHUNK:
+        raise UsageError(f"prefill rows {rows}: need a positive multiple of {CHUNK}")
+    return int(rows)
+
+
+def buffer_list(cfg: Qwen35Config, *, context: int, budget: int, prefill_rows: int = PREFILL_ROWS) -> list[Buffer]:
+    """Every buffer the target engine allocates besides weights, in carving order. The activations, the
+    DeltaNet scratch and the attention partials hold one prefill pass (prefill_rows rows; a verify's slots
+    are fewer); the logits and the tree index hold CHUNK rows (a prefill needs the last row's logits only)."""
     slots = budget + 1
     if not 1 <= slots <= CHUNK:
         raise UsageError(f"tree budget {budget} outside 0..{CHUNK - 1} (one verify takes at most {CHUNK} slots)")
-    c, vd, kd, rows = cfg.conv_channels, cfg.hv * cfg.dv, cfg.hk * cfg.dk, CHUNK
+    c, vd, kd, rows = cfg.conv_channels, cfg.hv * cfg.dv, cfg.hk * cfg.dk, check_prefill_rows(prefill_rows)
     out: list[Buffer] = []
 
     def add(cat: str, name: str, nbytes: int, scratch: bool) -> None:
@@ -209,22 +219,22 @@ def buffer_list(cfg: Qwen35Config, *, context: int, budget: int) -> list[Buffer]
     add("tree_saves", "saves", max(slots - 1, 1) * cfg.hv * cfg.dk * cfg.dv * 4, True)
     add("attn_partials", "partials", max(attn_partials(1, cfg.n_heads, ATTN_SPLITS_ONE),
                                          attn_partials(rows, cfg.n_heads, ATTN_SPLITS_MANY), 4), True)
-    add("logits", "logits", rows * cfg.vocab * 4, True)
-    add("argmax", "topk_scratch", topk_scratch(rows, cfg.vocab, TOPK_MAX_K), True)
-    add("argmax", "topk_ids", rows * TOPK_MAX_K * 4, True)
+    add("logits", "logits", CHUNK * cfg.vocab * 4, True)
+    add("argmax", "topk_scratch", topk_scratch(CHUNK, cfg.vocab, TOPK_MAX_K), True)
+    add("argmax", "topk_ids", CHUNK * TOPK_MAX_K * 4, True)
     for name in ("parents", "positions", "masks", "path"):
         add("tree_index", name, CHUNK * 8, False)
     # int32 {n_past, token, steps}: what the engine's CUDA graphs read instead of host arguments
     add("tree_index", "gstate", 16, False)
     # int32 token ids of a pass whose embedding rows are made on the device (lb_df_embed_q)
-    add("tree_index", "tokens", CHUNK * 4, False)
+    add("tree_index", "tokens", rows * 4, False)
     return out
 
 
-def target_buffers(cfg: Qwen35Config, *, context: int, budget: int) -> dict[str, int]:
+def target_buffers(cfg: Qwen35Config, *, context: int, budget: int, prefill_rows: int = PREFILL_ROWS) -> dict[str, int]:
     """{plan category: bytes} of everything the target engine allocates besides weights."""
     out: dict[str, int] = {}
-    for b in buffer_list(cfg, context=context, budget=budget):
+    for b in buffer_list(cfg, context=context, budget=budget, prefill_rows=prefill_rows):
         out[b.category] = out.get(b.category, 0) + b.nbytes
     return out
 
@@ -248,6 +258,7 @@ class MemoryPlan:
     cfg: Qwen35Config = field(repr=False)
     sizes: Sizes = field(repr=False)
     draft: Optional[DraftSpec] = None
+    prefill_rows: int = PREFILL_ROWS
 
     @property
     def total(self) -> int:
@@ -273,12 +284,13 @@ def _label(cfg: Qwen35Config, sizes: Sizes, draft: Optional[DraftSpec]) -> str:
 
 
 def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, budget: int,
-         draft: Optional[DraftSpec] = None, overhead: int = CUDA_OVERHEAD) -> MemoryPlan:
-    """The device memory of a run at `context` tokens and tree `budget` (slots = budget + 1)."""
+         draft: Optional[DraftSpec] = None, overhead: int = CUDA_OVERHEAD, prefill_rows: int = PREFILL_ROWS) -> MemoryPlan:
+    """The device memory of a run at `context` tokens, tree `budget` (slots = budget + 1) and prefill passes of
+    `prefill_rows` rows."""
     if context < 1:
         raise UsageError(f"context {context} must be positive")
     sizes = gguf_or_sizes if isinstance(gguf_or_sizes, Mapping) else sizes_from_gguf(gguf_or_sizes)
-    buf = target_buffers(cfg, context=context, budget=budget)
+    buf = target_buffers(cfg, context=context, budget=budget, prefill_rows=prefill_rows)
     n_attn = sum(cfg.is_attention(i) for i in range(cfg.n_layers))
     host_note = "" if cfg.tied else "token_embd stays on the host (rows dequantized per call)"
     items = [
@@ -286,8 +298,8 @@ def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, b
         PlanItem("kv cache", buf["kv_cache"], f"f16, {n_attn} layers"),
         PlanItem("deltanet state", buf["deltanet_state"], "fp32 recurrent states"),
         PlanItem("conv state", buf["conv_state"], "last 3 pre-conv inputs"),
-        PlanItem("activations", buf["activations"], f"{CHUNK} rows"),
-        PlanItem("deltanet scratch", buf["gdn_scratch"], f"chunked prefill of {CHUNK} rows"),
+        PlanItem("activations", buf["activations"], f"{prefill_rows} rows (one prefill pass)"),
+        PlanItem("deltanet scratch", buf["gdn_scratch"], f"chunked prefill of {prefill_rows} rows"),
         PlanItem("tree inputs", buf["tree_inputs"], f"{budget + 1} slots, kept per DeltaNet layer until commit"),
         PlanItem("tree saves", buf["tree_saves"], "fp32 states at branch points"),
         PlanItem("attention partials", buf["attn_partials"], "split-KV"),
@@ -302,16 +314,18 @@ def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, b
             PlanItem("draft scratch", draft.scratch_bytes(cfg.vocab), "block, feature chunk, draft logits"),
         ]
     items.append(PlanItem("cuda overhead", overhead, "context, module images, allocator slack (margin)"))
-    return MemoryPlan(tuple(items), context, budget, _label(cfg, sizes, draft), cfg, sizes, draft)
+    return MemoryPlan(tuple(items), context, budget, _label(cfg, sizes, draft), cfg, sizes, draft, prefill_rows)
 
 
 def largest_context(cfg: Qwen35Config, sizes: Union[Any, Sizes], card_bytes: int, *, budget: int,
-                    draft: Optional[DraftSpec] = None, overhead: int = CUDA_OVERHEAD, limit: int = 1 << 24) -> int:
+                    draft: Optional[DraftSpec] = None, overhead: int = CUDA_OVERHEAD, limit: int = 1 << 24,
+                    prefill_rows: int = PREFILL_ROWS) -> int:
     """The most context tokens whose plan fits `card_bytes` (0 when not even one token does)."""
     sizes = sizes if isinstance(sizes, Mapping) else sizes_from_gguf(sizes)
 
     def fits(ctx: int) -> bool:
-        return plan(cfg, sizes, context=ctx, budget=budget, draft=draft, overhead=overhead).total <= card_bytes
+        return plan(cfg, sizes, context=ctx, budget=budget, draft=draft, overhead=overhead,
+                    prefill_rows=prefill_rows).total <= card_bytes
 
     if not fits(1):
         return 0
@@ -330,7 +344,7 @@ def fit(p: MemoryPlan, card_bytes: int, card_name: str = "") -> None:
         return
     card = card_name or f"{card_bytes / 1e9:.0f} GB"
     best = largest_context(p.cfg, p.sizes, card_bytes, budget=p.budget, draft=p.draft,
-                           overhead=p.bytes_of("cuda overhead"))
+                           overhead=p.bytes_of("cuda overhead"), prefill_rows=p.prefill_rows)
     need = f"needs {p.total / GIB:.2f} GiB of {card_bytes / GIB:.2f} GiB"
     if best == 0:
         raise OutOfMemory(

@@ -68,6 +68,33 @@ def test_prefill_two_chunks_and_steps(gguf, cpu_model):
     gpu.close()
 
 
+def test_prefill_passes_of_more_rows(gguf, cpu_model):
+    """prefill_rows = 128: a 200-token prompt is one 128-row pass (its GEMMs two 64-column calls) and one of
+    72 rows; logits, tap features and the steps after it match the CPU engine as the 64-row passes do."""
+    gpu, cpu, lib = engines(gguf, cpu_model, prefill_rows=128)
+    ids = np.random.default_rng(5).integers(0, 4096, 200)
+    lib.log = []
+    lg, lc = gpu.prefill(ids), cpu.prefill(ids)
+    log, lib.log = lib.log, None
+    assert rel(lg, lc) < TOL
+    assert np.allclose(gpu.features, cpu.features, rtol=0, atol=5e-3 * np.abs(cpu.features).max())
+    # two passes: the norms see 128 and 72 rows, the GEMMs at most 64 columns (the FakeLib asserts n <= 64)
+    norm_rows = sorted({a[3] for name, a in log if name == "lb_df_rmsnorm"})
+    assert 128 in norm_rows and 72 in norm_rows and max(norm_rows) == 128
+    assert {a[5] for name, a in log if name == "lb_gemm_q_smalln"} >= {64, 8}
+    tok = int(np.argmax(lc))
+    for _ in range(3):
+        lg, lc = gpu.step(tok), cpu.step(tok)
+        assert rel(lg, lc) < TOL
+        tok = int(np.argmax(lc))
+    gpu.close()
+
+
+def test_prefill_rows_must_be_a_multiple_of_64(gguf, cpu_model):
+    with pytest.raises(UsageError, match="multiple of 64"):
+        engines(gguf, cpu_model, prefill_rows=100)
+
+
 @pytest.mark.parametrize("seed", [3, 4])
 def test_verify_commit_then_step(gguf, cpu_model, seed):
     gpu, cpu, lib = engines(gguf, cpu_model)

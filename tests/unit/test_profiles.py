@@ -84,6 +84,8 @@ def test_env_profiles_dir(profile_dir: Path, monkeypatch):
         ("build.megakernel.ring_slot_bytes", 512, False, "build.megakernel.ring_slot_bytes: must be between"),
         ("run.kv_cache_type", "f8", False, "run.kv_cache_type: must be one of"),
         ("run.budget", None, True, "run.budget: missing"),
+        ("run.prefill_rows", 100, False, "run.prefill_rows: 100 is not a multiple of 64"),
+        ("run.prefill_rows", 32, False, "run.prefill_rows: must be between"),
         ("name", "other", False, "differs from the file name"),
     ],
     ids=lambda v: str(v) if not isinstance(v, (list, bool)) and v is not None else None,
@@ -96,6 +98,14 @@ def test_schema_errors_name_file_and_key(profile_dir: Path, key, value, delete, 
     assert str(path) in info.value.message
     assert expect in info.value.message
     assert info.value.hint
+
+
+def test_prefill_rows_is_optional(profile_dir: Path):
+    path = profile_dir / "rtx3090-sm86.yaml"
+    _edit(path, "run.prefill_rows", None, True)
+    assert load_profiles(profile_dir)["rtx3090-sm86"].run.prefill_rows == 64
+    _edit(path, "run.prefill_rows", 192, False)
+    assert load_profiles(profile_dir)["rtx3090-sm86"].run.prefill_rows == 192
 
 
 def test_megakernel_ring_is_optional_tuning(profile_dir: Path):
