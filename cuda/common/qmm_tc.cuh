@@ -76,7 +76,7 @@ __host__ __device__ constexpr int tc_run_t(int r) {
 
 // Tile shape: MTILES m-tiles of 16 rows per item (16·MTILES-row groups); WM × WK warps; phase 2 warp (wm, wk)
 // owns m-tiles wm·MW .. +MW and k-steps wk·KW .. +KW.
-template <int NT, int MTILES, int WM, int WK>
+template <int NT, int MTILES, int WM, int WK, bool kAsyncX = false>
 struct TcShape {
     static constexpr int kWarps = WM * WK;
     static constexpr int kThreads = 32 * kWarps;
@@ -94,7 +94,9 @@ struct TcShape {
     }();
     static constexpr size_t kABytes = (size_t)MTILES * 16 * 32 * 16;
     static constexpr size_t kBBytes = (size_t)16 * NT * 32 * 8;
-    static constexpr size_t kSmem = kABytes + kBBytes;
+    // kAsyncX: each thread's fp32 x chunks of the next item (cp.async), kRuns·NT float4 per thread
+    static constexpr size_t kXBytes = kAsyncX ? (size_t)kRuns * NT * kThreads * 16 : 0;
+    static constexpr size_t kSmem = kABytes + kBBytes + kXBytes;
     static_assert(MTILES % WM == 0 && MTILES % kWarps == 0 && 16 % WK == 0 && 16 % kWarps == 0, "tile shape");
     // the WK partial accumulator sets of a K-split flush live in the A region
     static_assert(WK == 1 || WK * MTILES * NT * 32 * 16 <= (int)kABytes, "flush scratch fits in A");
@@ -174,6 +176,54 @@ __device__ __forceinline__ void tc_stage_x(const QmmArgs& a, int kb, int warp, i
     }
 }
 
+// ---- x through cp.async (kVar 1): the next item's x is copied during this item's phase 2, so the L2
+// round trip is off the path between the two barriers. Each thread copies and later converts the same chunks, so
+// cp.async.wait_group alone (no barrier) makes them visible; they are re-copied only after the barrier that
+// follows their conversion. Chunk (i, ct) of thread tid at X[(i·NT + ct)·kThreads + tid]: consecutive lanes,
+// consecutive 16 bytes (conflict-free).
+__device__ __forceinline__ void tc_cp_async16(void* dst, const void* src, int src_bytes) {
+#if LB_HAS_SM80
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+#endif
+}
+
+template <int NT, int kWarps, int kRuns>
+__device__ __forceinline__ void tc_copy_x(const QmmArgs& a, int kb, int warp, int lane, float4* X) {
+    const int col = lane >> 2, u = lane & 3;
+    const float* xp = a.x + (int64_t)col * a.k + (int64_t)kb * QK + 4 * u;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < kRuns; ++i) {
+            const bool in = 8 * j + col < a.n;  // columns >= n: 16 zero bytes (src-size 0 reads nothing)
+            const float* src = in ? xp + (int64_t)8 * j * a.k + 16 * (warp + kWarps * i) : a.x;
+            tc_cp_async16(&X[(i * NT + j) * (32 * kWarps) + 32 * warp + lane], src, in ? 16 : 0);
+        }
+#if LB_HAS_SM80
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// This thread's chunks (copied by tc_copy_x) → fp16 B fragments, the layout tc_stage_x writes.
+template <int QT, int NT, int kWarps, int kRuns>
+__device__ __forceinline__ void tc_convert_x(const float4* X, int warp, int lane, uint2* B) {
+#if LB_HAS_SM80
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+    const int col = lane >> 2, u = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < kRuns; ++i) {
+            const int r = warp + kWarps * i;
+            const float4 v = X[(i * NT + j) * (32 * kWarps) + 32 * warp + lane];
+            const int q = 4 * tc_run_q4<QT>(r) + u;
+            B[(q * NT + j) * 32 + ((4 * col + tc_run_t<QT>(r)) ^ u)] =
+                make_uint2(h2_bits(__floats2half2_rn(v.x, v.z)), h2_bits(__floats2half2_rn(v.y, v.w)));
+        }
+}
+
 // acc[m][ct] of warp-row wm: C rows g, g + 8 × columns 2t, 2t + 1 of m-tile wm·MW + m, column tile ct → y.
 template <int NT, int MW>
 __device__ __forceinline__ void tc_atomic_flush(const QmmArgs& a, int64_t row0, const float (&acc)[MW][NT][4],
@@ -222,15 +272,21 @@ __device__ __forceinline__ void tc_block_flush(const QmmArgs& a, int64_t row0, c
     }
 }
 
-template <int QT, int NT, int MTILES, int WM, int WK, int kMinBlocks, bool kEarly>
+// kVar 0: as first measured (selects 12..14). kVar 1 (selects 15, 16; written after that run, not yet run on a
+// GPU): x through cp.async a whole phase 2 ahead (tc_copy_x / tc_convert_x) and phase 2 fully unrolled, so that
+// the fragment loads of later k-steps are in flight while earlier mma run (spill-free at NT 3 and 4 only).
+template <int QT, int NT, int MTILES, int WM, int WK, int kMinBlocks, bool kEarly, int kVar = 0>
 __global__ void __launch_bounds__(32 * WM * WK, kMinBlocks) qmm_tc_kernel(QmmArgs a) {
-    using Sh = TcShape<NT, MTILES, WM, WK>;
+    constexpr bool kAsyncX = kVar == 1;
+    constexpr int kUnroll = kVar == 1 ? 16 / WK : 1;
+    using Sh = TcShape<NT, MTILES, WM, WK, kAsyncX>;
     using Tr = Traits<QT>;
     constexpr int MW = Sh::MW, DT = Sh::DT, KW = Sh::KW;
     static_assert(Tr::kChunks * Tr::kHiLo * 4 == 16, "16 mma k-steps per 256-block");
     extern __shared__ uint4 tc_smem[];
     uint4* A = tc_smem;                                          // [MTILES][16][32]
     uint2* B = reinterpret_cast<uint2*>(tc_smem + MTILES * 16 * 32);  // [16][NT][32]
+    float4* X = reinterpret_cast<float4*>(B + 16 * NT * 32);           // kAsyncX: [kRuns][NT][kThreads]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wm = warp / WK, wk = warp % WK;
@@ -243,6 +299,7 @@ __global__ void __launch_bounds__(32 * WM * WK, kMinBlocks) qmm_tc_kernel(QmmArg
 
     typename Tr::Row rr[DT][2];
     tc_load<QT, DT>(a, grp * Sh::kRows + 16 * DT * warp, kb, g, t, rr);
+    if constexpr (kAsyncX) tc_copy_x<NT, Sh::kWarps, Sh::kRuns>(a, kb, warp, lane, X);
 
     float acc[MW][NT][4];
 #pragma unroll
@@ -258,13 +315,18 @@ __global__ void __launch_bounds__(32 * WM * WK, kMinBlocks) qmm_tc_kernel(QmmArg
         const int64_t ngrp = nkb == 0 ? grp + 1 : grp;
         const int64_t row0 = grp * Sh::kRows;
         // ---- phase 1: this item's A and B tiles (the previous item's readers passed the closing barrier)
-        tc_stage_x<QT, NT, Sh::kWarps, Sh::kRuns, Sh::kPass>(a, kb, warp, lane, B);
+        if constexpr (kAsyncX) tc_convert_x<QT, NT, Sh::kWarps, Sh::kRuns>(X, warp, lane, B);
+        else tc_stage_x<QT, NT, Sh::kWarps, Sh::kRuns, Sh::kPass>(a, kb, warp, lane, B);
         tc_dequant<QT, DT>(rr, A, DT * warp, lane, t);
         // the next item's weights, in flight through phase 2 (ngrp may be past the end: loads clamp, never used)
         if (kEarly && more) tc_load<QT, DT>(a, ngrp * Sh::kRows + 16 * DT * warp, nkb, g, t, rr);
         __syncthreads();
-        // ---- phase 2 (not unrolled: unrolled, ptxas hoists every step's fragment loads and runs out of registers)
-#pragma unroll 1
+        // the next item's x: this thread's chunks were converted above, before the barrier
+        if constexpr (kAsyncX)
+            if (more) tc_copy_x<NT, Sh::kWarps, Sh::kRuns>(a, nkb, warp, lane, X);
+        // ---- phase 2 (kVar 0 not unrolled: fully unrolled, ptxas hoists every step's fragment loads and runs out
+        // of registers)
+#pragma unroll kUnroll
         for (int j = 0; j < KW; ++j) {
             const int q = wk * KW + j;
             uint2 b[NT];
@@ -320,11 +382,11 @@ struct TcConfig {
     bool fits = false;
 };
 
-template <int QT, int NT, int MTILES, int WM, int WK, int kMinBlocks, bool kEarly>
+template <int QT, int NT, int MTILES, int WM, int WK, int kMinBlocks, bool kEarly, int kVar>
 int tc_config(TcConfig& out) {
     static std::mutex mu;
     static TcConfig cache[kMaxDevices];
-    using Sh = TcShape<NT, MTILES, WM, WK>;
+    using Sh = TcShape<NT, MTILES, WM, WK, kVar == 1>;
     int dev = 0;
     LB_CUDA_TRY(cudaGetDevice(&dev));
     if (dev < 0 || dev >= kMaxDevices) return set_error(LB_ERR_UNSUPPORTED, "qmm_tc: device %d out of range", dev);
@@ -336,7 +398,7 @@ int tc_config(TcConfig& out) {
         LB_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         c.fits = Sh::kSmem <= (size_t)optin;
         if (c.fits) {
-            const auto kernel = qmm_tc_kernel<QT, NT, MTILES, WM, WK, kMinBlocks, kEarly>;
+            const auto kernel = qmm_tc_kernel<QT, NT, MTILES, WM, WK, kMinBlocks, kEarly, kVar>;
             LB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Sh::kSmem));
             LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c.per_sm, kernel, Sh::kThreads, Sh::kSmem));
             c.fits = c.per_sm > 0;
@@ -350,20 +412,20 @@ int tc_config(TcConfig& out) {
 // Launches the kernel (grid = every block that fits at once, capped by the item count; accumulate = 0 zeroes y
 // first, the kernel only adds) and sets *ran; *ran = false (nothing done, LB_OK) where the tile does not fit the
 // device's shared memory, for the caller to fall back. n ≤ 8·NT.
-template <int QT, int NT, int MTILES, int WM, int WK, int kMinBlocks, bool kEarly>
+template <int QT, int NT, int MTILES, int WM, int WK, int kMinBlocks, bool kEarly, int kVar = 0>
 int qmm_tc_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                   cudaStream_t stream, bool* ran) {
-    using Sh = TcShape<NT, MTILES, WM, WK>;
+    using Sh = TcShape<NT, MTILES, WM, WK, kVar == 1>;
     *ran = false;
     TcConfig c;
-    const int st = tc_config<QT, NT, MTILES, WM, WK, kMinBlocks, kEarly>(c);
+    const int st = tc_config<QT, NT, MTILES, WM, WK, kMinBlocks, kEarly, kVar>(c);
     if (st != LB_OK) return st;
     if (!c.fits) return LB_OK;
     QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
     a.items = ceil_div(n_rows, Sh::kRows) * (k / QK);
     const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.per_sm * c.sms);
     if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows * n, stream));
-    qmm_tc_kernel<QT, NT, MTILES, WM, WK, kMinBlocks, kEarly><<<(unsigned)grid, Sh::kThreads, Sh::kSmem, stream>>>(a);
+    qmm_tc_kernel<QT, NT, MTILES, WM, WK, kMinBlocks, kEarly, kVar><<<(unsigned)grid, Sh::kThreads, Sh::kSmem, stream>>>(a);
     LB_LAUNCH_TRY();
     *ran = true;
     return LB_OK;

@@ -24,8 +24,10 @@ using namespace lb::q;
 // wide_launch) with 6 column tiles up to n = 48 and 8 above; 10, 11: the same shapes with 8 column tiles at
 // every n = 33..64 (NT = 6 measured 47 against 54 µs at n = 33, Q4_K 5120×17408); 12, 13, 14: the
 // dequantize-once tensor-core kernel of qmm_tc.cuh ("small-N v3") at n = 17..64 in tile V3a, V3b, V3c (see
-// tc_launch), the shipped choice at n <= 16.
-constexpr int kSelectMax = 14;
+// tc_launch), the shipped choice at n <= 16; 15, 16: the same kernel with x through cp.async and phase 2 unrolled
+// (kVar 1; written after the first measurement, not yet run on a GPU) in tile V3d (V3b's) at n = 17..24 and V3e
+// (V3c's) at n = 17..32, the shipped choice at other n.
+constexpr int kSelectMax = 16;
 std::atomic<int> g_select{0};
 
 // The register kernel (qmm.cuh) for every n.
@@ -122,6 +124,8 @@ int wide_dispatch(int sel, const void* w, int64_t n_rows, int k, const float* x,
 //   V3c 16 × (8 × 2) × 1: 256-row groups (half the x reads from L2), 16 warps of MW 2; at NT 6 and 8
 //       16 × (16 × 1) × 1 (MW 1). 128 KB of A tile: it does not fit sm_86's 99 KB per block, where the call
 //       falls back to the shipped choice.
+//   V3d, V3e (selects 15, 16; tc_dispatch): V3b's and V3c's tiles with kVar 1 (the next item's x copied with
+//       cp.async during phase 2, phase 2 fully unrolled), V3d at NT 3 only, V3e at NT 3 and 4.
 // Column tiles: NT = 3 up to n = 24, 4 up to 32, 6 up to 48, 8 above. *ran = false: not launched (no fit).
 template <int QT, int NT>
 int tc_launch(int shape, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
@@ -140,6 +144,19 @@ int tc_launch(int shape, const void* w, int64_t n_rows, int k, const float* x, i
 template <int QT>
 int tc_dispatch(int shape, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                 cudaStream_t s, bool* ran) {
+    // kVar 1 tiles: only where they compiled without spills on both arches (V3d at NT 4 spilled 36-44 bytes on
+    // sm_86 with either load placement); elsewhere *ran stays false and the caller runs the shipped choice
+    if (shape == 3) {
+        *ran = false;
+        if (n > 24) return LB_OK;
+        return qmm_tc_launch<QT, 3, 8, 4, 2, 2, true, 1>(w, n_rows, k, x, n, y, accumulate, s, ran);
+    }
+    if (shape == 4) {
+        *ran = false;
+        if (n > 32) return LB_OK;
+        if (n <= 24) return qmm_tc_launch<QT, 3, 16, 8, 2, 1, true, 1>(w, n_rows, k, x, n, y, accumulate, s, ran);
+        return qmm_tc_launch<QT, 4, 16, 8, 2, 1, true, 1>(w, n_rows, k, x, n, y, accumulate, s, ran);
+    }
     if (n <= 24) return tc_launch<QT, 3>(shape, w, n_rows, k, x, n, y, accumulate, s, ran);
     if (n <= 32) return tc_launch<QT, 4>(shape, w, n_rows, k, x, n, y, accumulate, s, ran);
     if (n <= 48) return tc_launch<QT, 6>(shape, w, n_rows, k, x, n, y, accumulate, s, ran);
