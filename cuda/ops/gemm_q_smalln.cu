@@ -6,7 +6,9 @@
 // Q6_K at n ≤ 8. lb_qmm_smalln_select switches between them (and between the staged kernel's launch
 // shapes) for A/B measurements. n = 33..64 (the 27B prefill's 64-row chunks) run shape G with 6 column
 // tiles up to n = 48 ("small-N v2", docs/perf.md: H200, 203 -> 58 µs for Q4_K 17408×5120 at n = 64, pp520
-// 942 -> 2,229 tok/s; shapes G and H measured equal, G kept for Q6_K's 1-2 µs).
+// 942 -> 2,229 tok/s; shapes G and H measured equal, G kept for Q6_K's 1-2 µs). The dequantize-once kernel of
+// cuda/common/qmm_tc.cuh ("small-N v3", selects 12..16) measured 1.14-1.35× slower than these at n = 17..64 on
+// the H200 and is opt-in only.
 #include <atomic>
 
 #include "lb_check.cuh"
