@@ -8,7 +8,7 @@
 # pp520, tg128, tg128 at depth 4096, the 23-slot verify, `lucebox run`). About 6 minutes with everything.
 # Results: $OUT/summary.txt (every headline line), $OUT/bench.md, and every log in $OUT/results.tgz (the device
 # tool returns at most 8 files).
-# Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant smalln gdn 27b" (which
+# Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant gdn 27b" (which
 # benches; "none" for tests only; "ring" adds the 0.8B weight-ring A/B, RINGS="auto,2x2048,..." its list),
 # LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build), AB_ENV="VAR=a VAR=b"
 # (the GEMV rows and the 27B bench again under each assignment of a runtime knob; AB_ENV_27B: another list
@@ -78,13 +78,6 @@ for ab in ${AB_ENV:-}; do  # the n = 1 K-quant rows again under each A/B assignm
   tail -24 "$OUT/quant_gemv_$(echo "$ab" | tr -c 'A-Za-z0-9_\n' '_').log" | tee -a "$S"
 done
 
-fi
-
-if [[ " $BENCHES " == *" smalln "* ]]; then  # small-N: the shipped kernel against v3's selects (n = 23, 64)
-echo "== small-N v3 selects against the shipped kernel" | tee -a "$S"
-timeout "${SMALLN_TIMEOUT:-120}" python3 tests/gpu/test_qmm_smalln.py --bench-tc > "$OUT/smalln_tc.log" 2>&1
-echo "smalln bench rc=$?" | tee -a "$S"
-tail -24 "$OUT/smalln_tc.log" | tee -a "$S"
 fi
 
 if [[ " $BENCHES " == *" gdn "* ]]; then

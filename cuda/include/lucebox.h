@@ -160,12 +160,7 @@ LB_API int lb_bench_qmm(int qtype, int n_rows, int k, int n, int iters, float* m
  * kernel); 8, 9 the shipped choice at n <= 32 and the x-staged kernel at n = 33..64 in launch shape G (2 row
  * tiles × 8 warps), H (1 × 16) with 6 column tiles up to n = 48 and 8 above; 10, 11 shapes G, H with 8
  * column tiles at every n = 33..64 (cuda/ops/gemm_q_smalln.cu,
- * docs/perf.md "small-N v2"); 12, 13, 14 the dequantize-once tensor-core kernel of qmm_tc.cuh at n = 17..64
- * in tile V3a (128-row groups, 8 warps × 1 m-tile), V3b (128 rows, 4 × 2 warps, K split in two), V3c (256
- * rows, 16 warps; falls back to the shipped choice where its 128 KB tile does not fit, e.g. sm_86), the
- * shipped choice at n <= 16 (docs/perf.md "small-N v3"); 15, 16 that kernel with x prefetched by cp.async in
- * tile V3d (V3b's, n = 17..24) and V3e (V3c's, n = 17..32), the shipped choice at other n. Process-wide; needs
- * no GPU; other values fail with LB_ERR_INVALID_ARG. */
+ * docs/perf.md "small-N v2"). Process-wide; needs no GPU; other values fail with LB_ERR_INVALID_ARG. */
 LB_API int lb_qmm_smalln_select(int which);
 
 /* ---- Device buffers (cuda/ops/dev_buffers.cu): for callers without another CUDA binding --------- */

@@ -6,15 +6,12 @@
 // Q6_K at n ≤ 8. lb_qmm_smalln_select switches between them (and between the staged kernel's launch
 // shapes) for A/B measurements. n = 33..64 (the 27B prefill's 64-row chunks) run shape G with 6 column
 // tiles up to n = 48 ("small-N v2", docs/perf.md: H200, 203 -> 58 µs for Q4_K 17408×5120 at n = 64, pp520
-// 942 -> 2,229 tok/s; shapes G and H measured equal, G kept for Q6_K's 1-2 µs). The dequantize-once kernel of
-// cuda/common/qmm_tc.cuh ("small-N v3", selects 12..16) measured 1.14-1.35× slower than these at n = 17..64 on
-// the H200 and is opt-in only.
+// 942 -> 2,229 tok/s; shapes G and H measured equal, G kept for Q6_K's 1-2 µs).
 #include <atomic>
 
 #include "lb_check.cuh"
 #include "qmm.cuh"
 #include "qmm_smalln.cuh"
-#include "qmm_tc.cuh"
 
 namespace {
 
@@ -24,12 +21,8 @@ using namespace lb::q;
 // n (the path before qmm_smalln.cuh); 2..7: the staged kernel at n = 2..32 in launch shape A..F (see
 // staged_launch); 8, 9: the shipped choice at n <= 32 and the staged kernel at n = 33..64 in shape G, H (see
 // wide_launch) with 6 column tiles up to n = 48 and 8 above; 10, 11: the same shapes with 8 column tiles at
-// every n = 33..64 (NT = 6 measured 47 against 54 µs at n = 33, Q4_K 5120×17408); 12, 13, 14: the
-// dequantize-once tensor-core kernel of qmm_tc.cuh ("small-N v3") at n = 17..64 in tile V3a, V3b, V3c (see
-// tc_launch), the shipped choice at n <= 16; 15, 16: the same kernel with x through cp.async and phase 2 unrolled
-// (kVar 1; written after the first measurement, not yet run on a GPU) in tile V3d (V3b's) at n = 17..24 and V3e
-// (V3c's) at n = 17..32, the shipped choice at other n.
-constexpr int kSelectMax = 16;
+// every n = 33..64 (NT = 6 measured 47 against 54 µs at n = 33, Q4_K 5120×17408).
+constexpr int kSelectMax = 11;
 std::atomic<int> g_select{0};
 
 // The register kernel (qmm.cuh) for every n.
@@ -116,67 +109,10 @@ int wide_dispatch(int sel, const void* w, int64_t n_rows, int k, const float* x,
     return wide_launch<QT, 8>(shape, w, n_rows, k, x, n, y, accumulate, s);
 }
 
-// "small-N v3" (qmm_tc.cuh): weights dequantized once per item into an fp16 tile in shared memory, then mma.sync
-// over it. Tiles: m-tiles of 16 rows per item × warps (WM × WK) × blocks per SM asked of ptxas, and whether the
-// next item's weights load before phase 2 (early) or after it; every instance without spills on sm_86 and sm_90
-// (ptxas -v; the column where a tile differs is where the default spilled):
-//   V3a 8 × (8 × 1) × 2: 128-row groups, 8 warps each one m-tile over all 16 k-steps (MW 1); late loads at NT 8
-//   V3b 8 × (4 × 2) × 2: 128-row groups, 8 warps each two m-tiles over 8 k-steps (MW 2: half the B reads); late
-//       loads at NT 3; at NT 8 one block per SM (8 × (4 × 2) × 1, up to 255 registers)
-//   V3c 16 × (8 × 2) × 1: 256-row groups (half the x reads from L2), 16 warps of MW 2; at NT 6 and 8
-//       16 × (16 × 1) × 1 (MW 1). 128 KB of A tile: it does not fit sm_86's 99 KB per block, where the call
-//       falls back to the shipped choice.
-//   V3d, V3e (selects 15, 16; tc_dispatch): V3b's and V3c's tiles with kVar 1 (the next item's x copied with
-//       cp.async during phase 2, phase 2 fully unrolled), V3d at NT 3 only, V3e at NT 3 and 4.
-// Column tiles: NT = 3 up to n = 24, 4 up to 32, 6 up to 48, 8 above. *ran = false: not launched (no fit).
-template <int QT, int NT>
-int tc_launch(int shape, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-              cudaStream_t s, bool* ran) {
-    if (shape == 1) {
-        if constexpr (NT == 8) return qmm_tc_launch<QT, NT, 8, 4, 2, 1, true>(w, n_rows, k, x, n, y, accumulate, s, ran);
-        else return qmm_tc_launch<QT, NT, 8, 4, 2, 2, NT != 3>(w, n_rows, k, x, n, y, accumulate, s, ran);
-    }
-    if (shape == 2) {
-        if constexpr (NT <= 4) return qmm_tc_launch<QT, NT, 16, 8, 2, 1, true>(w, n_rows, k, x, n, y, accumulate, s, ran);
-        else return qmm_tc_launch<QT, NT, 16, 16, 1, 1, true>(w, n_rows, k, x, n, y, accumulate, s, ran);
-    }
-    return qmm_tc_launch<QT, NT, 8, 8, 1, 2, NT != 8>(w, n_rows, k, x, n, y, accumulate, s, ran);
-}
-
-template <int QT>
-int tc_dispatch(int shape, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                cudaStream_t s, bool* ran) {
-    // kVar 1 tiles: only where they compiled without spills on both arches (V3d at NT 4 spilled 36-44 bytes on
-    // sm_86 with either load placement); elsewhere *ran stays false and the caller runs the shipped choice
-    if (shape == 3) {
-        *ran = false;
-        if (n > 24) return LB_OK;
-        return qmm_tc_launch<QT, 3, 8, 4, 2, 2, true, 1>(w, n_rows, k, x, n, y, accumulate, s, ran);
-    }
-    if (shape == 4) {
-        *ran = false;
-        if (n > 32) return LB_OK;
-        if (n <= 24) return qmm_tc_launch<QT, 3, 16, 8, 2, 1, true, 1>(w, n_rows, k, x, n, y, accumulate, s, ran);
-        return qmm_tc_launch<QT, 4, 16, 8, 2, 1, true, 1>(w, n_rows, k, x, n, y, accumulate, s, ran);
-    }
-    if (n <= 24) return tc_launch<QT, 3>(shape, w, n_rows, k, x, n, y, accumulate, s, ran);
-    if (n <= 32) return tc_launch<QT, 4>(shape, w, n_rows, k, x, n, y, accumulate, s, ran);
-    if (n <= 48) return tc_launch<QT, 6>(shape, w, n_rows, k, x, n, y, accumulate, s, ran);
-    return tc_launch<QT, 8>(shape, w, n_rows, k, x, n, y, accumulate, s, ran);
-}
-
 template <int QT>
 int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                     cudaStream_t s) {
     int sel = g_select.load(std::memory_order_relaxed);
-    if (sel >= 12) {
-        if (n > 16) {
-            bool ran = false;
-            const int st = tc_dispatch<QT>(sel - 12, w, n_rows, k, x, n, y, accumulate, s, &ran);
-            if (st != LB_OK || ran) return st;
-        }
-        sel = 0;  // n <= 16, or the tile does not fit this device: the shipped choice
-    }
     if (sel == 0 && n > 32) sel = 8;  // shipped at n = 33..64: shape G
     if (sel >= 8) {
         if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);

@@ -8,13 +8,7 @@ Every type, odd row counts, K a multiple of 256 with an odd block count, each co
 1 (output preset to a random vector), plus shapes with several items per block (flushes mid-range, both x
 buffers, row-group wrap). Results of the stream-K atomics are compared by relative RMS error, like the others.
 
-small-N v3 (cuda/common/qmm_tc.cuh: weights dequantized once per item into an fp16 tile in shared memory, then
-mma.sync over it), selects 12..14 at n = 17..64 and 15, 16 at n = 17..24 / 17..32: every type, each column-tile edge (NT 3/4/6/8: n = 17, 23, 24,
-25, 31, 32, 33, 41, 48, 49, 57, 64), n <= 16 under those selects (the shipped fallback), the 128- and 256-row
-groups (partial last group at 301 and 4099 rows), K-split flushes mid-range (the 17408×5120 shape).
-
-Script mode: `python tests/gpu/test_qmm_smalln.py [--bench | --bench-only | --bench-tc]`; --bench-tc prints only
-the v3 table (n = 23 and 64 on the 27B shapes, shipped vs selects 12..16); --bench prints that first, then n = 64 (register kernel vs each v2
+Script mode: `python tests/gpu/test_qmm_smalln.py [--bench]`; --bench prints n = 64 (register kernel vs each v2
 shape) on the 27B shapes and n = 33..57 at ffn_down, then n = 1 vs n = 23 (every kernel) on the 27B shapes, and
 the other widths at ffn_down.
 """
@@ -36,13 +30,7 @@ pytestmark = pytest.mark.gpu
 SELECT = {0: "shipped", 1: "register", 2: "staged A 2x8", 3: "staged B 2x4", 4: "staged C 1x16", 5: "staged D 1x8",
           6: "staged E 2x4 split", 7: "staged F 2x8 split"}
 WIDE_SELECT = {8: "v2 G 2x8", 9: "v2 H 1x16", 10: "v2 G 2x8 NT8", 11: "v2 H 1x16 NT8"}
-# 12..14: the dequantize-once kernel of qmm_tc.cuh ("small-N v3") at n = 17..64, tiles V3a/V3b/V3c (see
-# cuda/ops/gemm_q_smalln.cu tc_launch); n <= 16 under them is the shipped choice
-# 15, 16: the same kernel with x prefetched through cp.async and phase 2 unrolled, tiles V3d (V3b's; n = 17..24)
-# and V3e (V3c's; n = 17..32), the shipped choice at other n (not yet run on a GPU when written)
-TC_SELECT = {12: "v3a 128r 8x1", 13: "v3b 128r 4x2", 14: "v3c 256r 8x2", 15: "v3d 128r 4x2 cp.async",
-             16: "v3e 256r 8x2 cp.async"}
-SELECT_MAX = 16
+SELECT_MAX = 11
 NS = [2, 7, 9, 16, 23, 24, 31, 32]
 # n = 33..64: each NT 6 / NT 8 edge and the prefill's 64
 WIDE_NS = [33, 41, 48, 57, 64]
@@ -51,9 +39,7 @@ WIDE_NS = [33, 41, 48, 57, 64]
 SHAPES = [(301, 256 * 7), (4099, 256 * 16)]
 # the 27B FFN shape: ~10 items per block, several row-group wraps per block
 MANY_ITEMS_SHAPE = (17408, 5120)
-NAMES = {**SELECT, **WIDE_SELECT, **TC_SELECT}
-# n = 17..64 through v3: every column-tile edge (NT 3: 17..24, 4: 25..32, 6: 33..48, 8: 49..64)
-TC_NS = [17, 23, 24, 25, 31, 32, 33, 41, 48, 49, 57, 64]
+NAMES = {**SELECT, **WIDE_SELECT}
 
 
 def select(which: int) -> None:
@@ -129,23 +115,6 @@ def test_wide_selects_keep_small_n_shipped():
     check("Q4_K", 301, 256 * 7, [2, 23, 32], list(WIDE_SELECT))
 
 
-# small-N v3: every type and column-tile edge under each v3 select (and select 0, whatever it ships there)
-@pytest.mark.parametrize("qt", list(QTYPES))
-@pytest.mark.parametrize("rows,k", SHAPES, ids=[f"N{r}-K{k}" for r, k in SHAPES])
-def test_tc(qt, rows, k):
-    check(qt, rows, k, TC_NS, [0, *TC_SELECT])
-
-
-# ~10 items per block: flushes of the K-split tiles mid-range and at row-group wraps, 128- and 256-row groups
-@pytest.mark.parametrize("qt", list(QTYPES))
-def test_tc_many_items(qt):
-    check(qt, *MANY_ITEMS_SHAPE, [23, 64], list(TC_SELECT))
-
-
-def test_tc_selects_keep_small_n_shipped():
-    check("Q6_K", 301, 256 * 7, [2, 9, 16], list(TC_SELECT))
-
-
 def test_select_rejects_unknown():
     from lucebox_cli.errors import LuceboxError
 
@@ -210,39 +179,19 @@ def bench_wide(out=print) -> None:
     _bench_table(out, [1, *WIDE_SELECT], NAMES, cases, "best / register", lambda us, one: min(us[1:]) / us[0])
 
 
-TC_BENCH_CASES = ([("Q4_K", name, r, k) for name, r, k in [("ffn_gate/up", 17408, 5120), ("ffn_down", 5120, 17408),
-                                                             ("attn_gate/q", 6144, 5120), ("attn_qkv", 10240, 5120)]]
-                  + [(qt, "ffn_down", 5120, 17408) for qt in ("Q5_K", "Q6_K", "Q8_0")])
-
-
-def bench_tc(out=print) -> None:
-    """small-N v3: n = 23 (the tree verify) and n = 64 (the prefill chunk) on the 27B shapes, the shipped select
-    (0) against each v3 tile (12..16; 15 and 16 run the shipped kernel at n = 64); the last column is the best v3
-    time over the shipped one."""
-    cases = [(qt, name, r, k, n) for n in (23, 64) for qt, name, r, k in TC_BENCH_CASES]
-    cases += [("Q4_K", "ffn_down", 5120, 17408, n) for n in (17, 31, 41, 48)]
-    _bench_table(out, [0, *TC_SELECT], {0: "shipped", **TC_SELECT}, cases, "best v3 / shipped",
-                 lambda us, one: min(us[1:]) / us[0])
-
-
 def _main(argv: list[str]) -> int:
     failed = 0
-    if "--bench-tc" in argv:
-        bench_tc()
-        return 0
     if "--bench-only" not in argv:
         for qt in QTYPES:
             for rows, k in SHAPES:
                 try:
                     check(qt, rows, k, NS, list(SELECT))
                     check(qt, rows, k, WIDE_NS, [0, 1, *WIDE_SELECT])
-                    check(qt, rows, k, TC_NS, [0, *TC_SELECT])
                     print(f"PASS {qt} N{rows} K{k}", flush=True)
                 except AssertionError as exc:
                     failed += 1
                     print(f"FAIL {exc}", flush=True)
     if "--bench" in argv or "--bench-only" in argv:
-        bench_tc()
         bench_wide()  # first: the new rows matter most if the run is cut short
         bench()
     print(f"{failed} failed")
