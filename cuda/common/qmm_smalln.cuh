@@ -302,15 +302,15 @@ int smalln_config(QmmConfig& out) {
 // kernel only adds). n must be ≤ 8·NT (≤ 64).
 template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false>
 int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const QmmSegs* segs = nullptr, int nseg = 0) {
     constexpr int kGroupRows = W * MT * 16;
-    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
+    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0, nseg, segs ? *segs : QmmSegs{}};
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
     QmmConfig c;
     const int st = smalln_config<QT, NT, MT, W, kMinBlocks, kSplit>(c);
     if (st != LB_OK) return st;
     const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
-    if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows * n, stream));
+    if (!accumulate) LB_CUDA_TRY(qmm_clear(a, stream));
     // The classic launch even when PDL is turned on (lb_set_pdl): launched with the attribute, the 27B
     // engine's verify gave wrong logits on the H200 while the same calls in isolation and the register
     // kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect). Its pdl_wait/pdl_trigger

@@ -154,6 +154,11 @@ LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int k, const f
 /* Mean milliseconds per call of the n-column op on random weights, rotating over enough weight copies
  * to cover twice the L2 (so it measures HBM), accumulate = 1 (kernels only). Blocks. */
 LB_API int lb_bench_qmm(int qtype, int n_rows, int k, int n, int iters, float* ms_out);
+/* One product over nseg (1..4) matrices that sit back to back in one weight stream (seg_rows[i] rows each,
+ * summing to n_rows), segment i's rows written to ys[i] as [n, seg_rows[i]] (column-major, as Y above); n >= 2.
+ * The caller vouches that w .. is one valid tensor of n_rows rows (true of consecutive Q4_K / Q5_K tensors). */
+LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows, int k, const float* x, int n, int nseg,
+                                const int* seg_rows, float* const* ys, int accumulate, void* stream);
 /* Which kernel lb_gemm_q_smalln runs, for A/B measurements (tests/gpu/test_qmm_smalln.py):
  * 0 the shipped choice (default; at n = 33..64 the same as 8), 1 the register kernel of qmm.cuh for every
  * n, 2..7 the x-staged kernel of qmm_smalln.cuh at n = 2..32 in launch shape A..F (n > 32 on the register

@@ -130,6 +130,10 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_gemv_q": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p]),
     "lb_gemm_q_smalln": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p, c_int,
                                  ctypes.c_void_p]),
+    # seg_rows (int32 [nseg]) and ys (float* [nseg]) are host arrays passed by address (c_void_p): the recorded
+    # Programs of engines/dflash_layers.py keep them alive and pass the same addresses every replay
+    "lb_gemm_q_smalln_seg": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_int, c_int,
+                                     ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p]),
     "lb_bench_qmm": (c_int, [c_int, c_int, c_int, c_int, c_int, POINTER(ctypes.c_float)]),
     "lb_qmm_smalln_select": (c_int, [c_int]),
     # device buffers (cuda/ops/dev_buffers.cu)

@@ -44,6 +44,8 @@ every call of the same (mode, t).
 
 from __future__ import annotations
 
+import ctypes
+
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -148,6 +150,13 @@ def _regions(base: int, t: int, widths: tuple[int, ...], align: int = 256) -> tu
     return starts, at
 
 
+def _host_array(ctype: Any, values: list[int], keep: list[Any]) -> int:
+    """The address of a new host array of `values` (appended to keep, which holds it alive)."""
+    arr = (ctype * len(values))(*values)
+    keep.append(arr)
+    return ctypes.addressof(arr)
+
+
 # one prebuilt call: (function, arguments, C name, ((slot, Sym, converter), ...) or None)
 Step = tuple[Any, tuple, str, Optional[tuple[tuple[int, Sym, Any], ...]]]
 
@@ -208,6 +217,10 @@ class Layers:
         self.use_programs = True
         self._programs: dict[tuple, Program] = {}
         self._rec: Optional[list[tuple[str, tuple]]] = None  # the call list being recorded, if any
+        self._host_arrays: list[Any] = []  # segment tables of recorded lb_gemm_q_smalln_seg calls (see matmuls)
+        # inside capture(): the C library copies the tables into the graph's kernel arguments at capture, but a
+        # CPU emulation of graphs may replay the calls later, so captured tables are kept like recorded ones
+        self._capturing = False
 
     def _call(self, name: str, *args: Any) -> None:
         if self._rec is not None:
@@ -258,16 +271,19 @@ class Layers:
                        1, self.stream)
 
     def matmuls(self, names: tuple[str, ...], x: int, ys: list[int], t: int) -> None:
-        """matmul(names[i], x, ys[i], t) for each i, with one launch where that is the same product: at t = 1,
-        consecutive Q4_K/Q5_K matrices that sit back to back in the arena (upload order = expected_tensors
-        order, and their byte sizes are multiples of the arena's 256-byte alignment) and whose outputs are back
-        to back too (_regions packs a single row without gaps when widths are multiples of 64) run as one GEMV
-        over their rows. Why: each GEMV launch pays ~4.7 µs of fixed cost (ramp and stream-K tail; H200 fit of
-        two shapes, docs/perf.md) against 12.5 µs of bytes for the 27B's FFN matrices. Q6_K/Q8_0 keep one
-        launch each: their device layout puts the fp16 scales after each tensor's blocks."""
+        """matmul(names[i], x, ys[i], t) for each i, with one launch where that is the same product: consecutive
+        Q4_K/Q5_K matrices that sit back to back in the arena (upload order = expected_tensors order, and their
+        byte sizes are multiples of the arena's 256-byte alignment) are one tensor of their summed rows. At t = 1
+        the run is one lb_gemv_q where the outputs are back to back too (_regions packs a single row without
+        gaps); at t > 1 (token-major [t, rows] outputs, one region per matrix) one lb_gemm_q_smalln_seg per 64
+        columns, which sends each matrix's rows to its own output. Why: each launch pays a fixed cost before its
+        bytes (~4.7 µs at t = 1 on the 27B's FFN matrices, ~9 µs at t = 23; H200 fits, docs/perf.md). Q6_K/Q8_0
+        keep one launch each: their device layout puts the fp16 scales after each tensor's blocks."""
         groups: list[list[int]] = []
         for i, name in enumerate(names):
-            if t == 1 and groups and self._joins(names[groups[-1][-1]], ys[groups[-1][-1]], name, ys[i]):
+            prev = groups[-1][-1] if groups else None
+            if prev is not None and len(groups[-1]) < 4 and self._adjacent(names[prev], name) and (
+                    t > 1 or ys[i] == ys[prev] + self.m[names[prev]].rows * F32):
                 groups[-1].append(i)
             else:
                 groups.append([i])
@@ -275,15 +291,27 @@ class Layers:
             w = self.m[names[g[0]]]
             if len(g) == 1:
                 self.matmul(names[g[0]], x, ys[g[0]], t)
-            else:
-                rows = sum(self.m[names[i]].rows for i in g)
-                self._call("lb_gemv_q", w.qtype, w.ptr, rows, w.k, x, ys[g[0]], 1, self.stream)
+                continue
+            rows = [self.m[names[i]].rows for i in g]
+            if t == 1:
+                self._call("lb_gemv_q", w.qtype, w.ptr, sum(rows), w.k, x, ys[g[0]], 1, self.stream)
+                continue
+            keep: list[Any] = []  # the host tables, alive until the calls return (or with a recorded Program)
+            seg_rows = _host_array(ctypes.c_int32, rows, keep)
+            for c0 in range(0, t, CHUNK):
+                n = min(CHUNK, t - c0)
+                outs = _host_array(ctypes.c_void_p, [ys[i] + c0 * r * F32 for i, r in zip(g, rows)], keep)
+                self._call("lb_gemm_q_smalln_seg", w.qtype, w.ptr, sum(rows), w.k, x + c0 * w.k * F32, n, len(g),
+                           seg_rows, outs, 1, self.stream)
+            if self._rec is not None or self._capturing:
+                self._host_arrays.extend(keep)
 
-    def _joins(self, prev: str, y_prev: int, name: str, y: int) -> bool:
+    def _adjacent(self, prev: str, name: str) -> bool:
+        """name's weights start where prev's end, same Q4_K/Q5_K type and K: the two are one tensor."""
         a, b = self.m[prev], self.m[name]
         row_bytes = _ROW_BYTES_PER_256.get(a.qtype, 0) * (a.k // 256)
         return (row_bytes > 0 and a.qtype == b.qtype and a.k == b.k and a.k % 256 == 0
-                and b.ptr == a.ptr + a.rows * row_bytes and y == y_prev + a.rows * F32)
+                and b.ptr == a.ptr + a.rows * row_bytes)
 
     def rmsnorm(self, x: int, weight: str, y: int, t: int, zero: tuple[tuple[int, int], ...] = ()) -> None:
         """y = RMSNorm1p(x) over t rows; the (pointer, bytes) ranges in `zero` (at most two) cleared in the
@@ -432,9 +460,8 @@ class Layers:
     def capture(self, issue: Any) -> int:
         """issue()'s calls captured from the stream into an executable graph (lb_graph_end's handle); nothing
         runs until lb_graph_launch. A failing call inside ends the capture (the graph is dropped) and raises."""
-        import ctypes
-
         self.lib.call("lb_graph_begin", self.stream)
+        self._capturing = True
         try:
             issue()
         except BaseException:
@@ -443,6 +470,8 @@ class Layers:
             if dead.value:
                 self.lib.fn.lb_graph_destroy(dead.value)
             raise
+        finally:
+            self._capturing = False
         exe = ctypes.c_void_p()
         self.lib.call("lb_graph_end", self.stream, ctypes.byref(exe))
         return int(exe.value)

@@ -115,6 +115,49 @@ def test_wide_selects_keep_small_n_shipped():
     check("Q4_K", 301, 256 * 7, [2, 23, 32], list(WIDE_SELECT))
 
 
+# lb_gemm_q_smalln_seg: one tensor's rows sent to up to four outputs (the engine's back-to-back projections at
+# t > 1). Segments of odd sizes that cut row groups mid-way; n across the staged (n <= 32), wide (33..64) and,
+# for Q6_K at n <= 8, register kernels; outputs NaN-poisoned (accumulate 0) or preset (accumulate 1).
+SEGS = [(301, 256 * 7, [100, 48, 48, 105]), (4099, 256 * 16, [3000, 1099]), (17408, 5120, [6144, 48, 48, 11168])]
+
+
+@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("rows,k,parts", SEGS, ids=[f"N{r}-{len(p)}seg" for r, _, p in SEGS])
+def test_segmented_outputs(qt, rows, k, parts):
+    import ctypes
+
+    w, ref = case(qt, rows, k)
+    starts = np.cumsum([0, *parts])
+    for n in (2, 7, 23, 41, 64) if rows < 10000 else (23, 64):  # the 27B shape: the verify's and prefill's n
+        rng = np.random.default_rng(3000 + n)
+        x = rng.standard_normal((n, k)).astype(np.float32)
+        prod = x.astype(np.float64) @ ref.T  # [n, rows]
+        xd = Dev.of(x)
+        try:
+            for acc in (0, 1):
+                y0 = [rng.standard_normal((n, r)).astype(np.float32) for r in parts]
+                yd = [Dev.of(y) if acc else Dev(4 * n * r) for y, r in zip(y0, parts)]
+                try:
+                    if not acc:
+                        for d in yd:
+                            lib().call("lb_dev_memset", d.ptr, 0xFF, d.nbytes)  # NaN everywhere
+                    seg_rows = (ctypes.c_int32 * len(parts))(*parts)
+                    outs = (ctypes.c_void_p * len(parts))(*[d.ptr.value for d in yd])
+                    lib().call("lb_gemm_q_smalln_seg", QTYPES[qt], w.ptr, rows, k, xd.ptr, n, len(parts),
+                               ctypes.addressof(seg_rows), ctypes.addressof(outs), acc, None)
+                    for i, (d, r) in enumerate(zip(yd, parts)):
+                        got = d.get(np.float32, n * r).reshape(n, r).astype(np.float64)
+                        want = prod[:, starts[i] : starts[i + 1]]
+                        assert np.isfinite(got).all(), f"{qt} n={n} acc={acc} segment {i}: unwritten outputs"
+                        err = rel_rms(got - y0[i] if acc else got, want)
+                        assert err < TOL, f"{qt} N{rows} n={n} acc={acc} segment {i}: relative RMS {err:.2e}"
+                finally:
+                    for d in yd:
+                        d.close()
+        finally:
+            xd.close()
+
+
 def test_select_rejects_unknown():
     from lucebox_cli.errors import LuceboxError
 

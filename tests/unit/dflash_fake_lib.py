@@ -218,6 +218,20 @@ class FakeLib:
         res = xs @ W.T
         out[:] = out + res if acc else res
 
+    def lb_gemm_q_smalln_seg(self, qtype, w, rows, k, x, n, nseg, seg_rows, ys, acc, stream):
+        """One product over the back-to-back matrices (one tensor of `rows` rows), segment i's rows to ys[i]."""
+        assert 2 <= n <= 64 and 1 <= nseg <= 4
+        counts = [int(v) for v in (ctypes.c_int32 * nseg).from_address(seg_rows)]
+        outs = [int(v) for v in (ctypes.c_void_p * nseg).from_address(ys)]
+        assert sum(counts) == rows
+        W = self._w(qtype, w, rows, k)
+        res = view(x, np.float32, n * k).reshape(n, k) @ W.T
+        r0 = 0
+        for r, y in zip(counts, outs):
+            out = view(y, np.float32, n * r).reshape(n, r)
+            out[:] = out + res[:, r0 : r0 + r] if acc else res[:, r0 : r0 + r]
+            r0 += r
+
     def lb_gemv_q(self, qtype, w, rows, k, x, y, acc, stream):
         self.lb_gemm_q_smalln(qtype, w, rows, k, x, 1, y, acc, stream)
 

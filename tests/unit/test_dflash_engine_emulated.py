@@ -211,10 +211,12 @@ def test_programs_issue_the_reference_calls(gguf, cpu_model):
         lib.log = None
     (log_p, res_p), (log_d, res_d) = runs[True], runs[False]
     assert [n for n, _ in log_p] == [n for n, _ in log_d]
-    host_arg = {"lb_dev_h2d": 1, "lb_dev_d2h": 0}  # a numpy array's address: differs between runs
+    # host arrays' addresses differ between runs (a numpy array's; the segment tables of lb_gemm_q_smalln_seg,
+    # whose contents the equal results below vouch for)
+    host_arg = {"lb_dev_h2d": (1,), "lb_dev_d2h": (0,), "lb_gemm_q_smalln_seg": (7, 8)}
     for (name, a), (_, b) in zip(log_p, log_d):
         if name in host_arg:
-            a, b = [tuple(x for j, x in enumerate(c) if j != host_arg[name]) for c in (a, b)]
+            a, b = [tuple(x for j, x in enumerate(c) if j not in host_arg[name]) for c in (a, b)]
         assert a == b, name
     for a, b in zip(res_p, res_d):
         assert np.array_equal(a, b)
@@ -306,9 +308,21 @@ def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model):
     # one launch fewer per fused pair: fewer GEMVs than matrices
     n_mats = sum(1 for name in m if name.startswith("blk.") and name.endswith(".weight") and m[name].rows > 0)
     assert len(gemv_rows) < n_mats
-    # a verify keeps one call per matrix (token-major [t, rows] outputs do not concatenate)
+    # a verify (t > 1, token-major [t, rows] outputs) runs the same runs as one segmented GEMM each, every
+    # matrix's rows to its own output, and its logits stay the CPU engine's
+    tree = branched_tree(3, 5, cfg.vocab)
     lib.log = []
-    gpu.verify(branched_tree(3, 5, cfg.vocab))
+    got = gpu.verify(tree)
     verify_log, lib.log = lib.log, None
+    ref = cpu.verify(tree)
+    assert rel(got.logits, ref.logits) < TOL
+    segs = [a for name, a in verify_log if name == "lb_gemm_q_smalln_seg"]
+    assert segs, "no segmented GEMM in the verify"
+    import ctypes
+
+    for a in segs:
+        counts = list((ctypes.c_int32 * a[6]).from_address(a[7]))
+        assert sum(counts) == a[2] and all(c in {w.rows for w in m.values()} for c in counts)
+    # and the single GEMMs left are whole matrices
     assert all(a[2] in {w.rows for w in m.values()} for name, a in verify_log if name == "lb_gemm_q_smalln")
     gpu.close()
