@@ -47,16 +47,6 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxDevices = 64;
 
-// Where the rows of Y go: one segment (y, ld n_rows) for a plain product; up to kMaxSegs for one product over
-// several matrices that sit back to back in one weight stream (lb_gemm_q_smalln_seg): rows start[s] ..
-// start[s + 1] - 1 go to y[s] with column stride ld[s] (= that segment's rows). Unused starts are past n_rows.
-constexpr int kMaxSegs = 4;
-struct QmmSegs {
-    int64_t start[kMaxSegs];  // start[0] = 0
-    float* y[kMaxSegs];
-    int64_t ld[kMaxSegs];
-};
-
 struct QmmArgs {
     const uint8_t* w;
     const float* x;
@@ -65,16 +55,28 @@ struct QmmArgs {
     int k;
     int n;
     int64_t items;  // row groups × (k / 256)
-    int nseg;       // 0: y only (ld n_rows); else segs
-    QmmSegs segs;
 };
 
-// Y[col, row]'s address: y + col·n_rows + row, or its segment's place.
-__device__ __forceinline__ float* qmm_out(const QmmArgs& a, int64_t row, int col) {
-    if (a.nseg == 0) return a.y + (int64_t)col * a.n_rows + row;
-    const int s = (row >= a.segs.start[1]) + (row >= a.segs.start[2]) + (row >= a.segs.start[3]);
-    return a.segs.y[s] + (int64_t)col * a.segs.ld[s] + (row - a.segs.start[s]);
-}
+// Where the flush adds Y[col, row]: PlainOut at y + col·n_rows + row; SegOut (lb_gemm_q_smalln_seg) splits the
+// rows into up to kMaxSegs segments, rows start[s] .. start[s + 1] - 1 going to y[s] with column stride ld[s]
+// (unused starts lie past every row). A kernel parameter of its own, not a QmmArgs field, so the plain kernels
+// keep their code: a runtime segment test in the flush cost 3-11% in the small-N kernels (H200, session 5).
+struct PlainOut {
+    __device__ __forceinline__ float* operator()(const QmmArgs& a, int64_t row, int col) const {
+        return a.y + (int64_t)col * a.n_rows + row;
+    }
+};
+constexpr int kMaxSegs = 4;
+struct SegOut {
+    int64_t start[kMaxSegs];  // start[0] = 0
+    float* y[kMaxSegs];
+    int64_t ld[kMaxSegs];
+    int nseg;
+    __device__ __forceinline__ float* operator()(const QmmArgs&, int64_t row, int col) const {
+        const int s = (row >= start[1]) + (row >= start[2]) + (row >= start[3]);
+        return y[s] + (int64_t)col * ld[s] + (row - start[s]);
+    }
+};
 
 template <typename F, int... I>
 __device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, I...>) {
@@ -87,8 +89,9 @@ __device__ __forceinline__ void static_for(F&& f) {
 }
 
 // acc[m][ct] holds C of row tile m, column tile ct: rows g, g+8 × columns 2t, 2t+1.
-template <int NT, int MT>
-__device__ __forceinline__ void qmm_flush(const QmmArgs& a, int64_t row0, float (&acc)[MT][NT][4], int g, int t) {
+template <int NT, int MT, typename Out = PlainOut>
+__device__ __forceinline__ void qmm_flush(const QmmArgs& a, int64_t row0, float (&acc)[MT][NT][4], int g, int t,
+                                          const Out& out = Out()) {
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -97,7 +100,7 @@ __device__ __forceinline__ void qmm_flush(const QmmArgs& a, int64_t row0, float 
             for (int e = 0; e < 4; ++e) {
                 const int64_t row = row0 + 16 * m + g + 8 * (e >> 1);
                 const int col = 8 * ct + 2 * t + (e & 1);
-                if (row < a.n_rows && col < a.n) atomicAdd(qmm_out(a, row, col), acc[m][ct][e]);
+                if (row < a.n_rows && col < a.n) atomicAdd(out(a, row, col), acc[m][ct][e]);
                 acc[m][ct][e] = 0.0f;
             }
 }
@@ -741,12 +744,12 @@ int gemv_cols_config(QmmConfig& out) {
     return LB_OK;
 }
 
-// Zeroes what the product adds onto (accumulate = 0): y, or every segment's output.
-inline cudaError_t qmm_clear(const QmmArgs& a, cudaStream_t stream) {
-    if (a.nseg == 0) return cudaMemsetAsync(a.y, 0, sizeof(float) * (size_t)a.n_rows * a.n, stream);
-    for (int i = 0; i < a.nseg; ++i) {
-        const int64_t rows = (i + 1 < a.nseg ? a.segs.start[i + 1] : a.n_rows) - a.segs.start[i];
-        const cudaError_t e = cudaMemsetAsync(a.segs.y[i], 0, sizeof(float) * (size_t)rows * a.n, stream);
+// Zeroes what the product adds onto (accumulate = 0): y, or (out) every segment's output.
+inline cudaError_t qmm_clear(const QmmArgs& a, cudaStream_t stream, const SegOut* out = nullptr) {
+    if (!out) return cudaMemsetAsync(a.y, 0, sizeof(float) * (size_t)a.n_rows * a.n, stream);
+    for (int i = 0; i < out->nseg; ++i) {
+        const int64_t rows = (i + 1 < out->nseg ? out->start[i + 1] : a.n_rows) - out->start[i];
+        const cudaError_t e = cudaMemsetAsync(out->y[i], 0, sizeof(float) * (size_t)rows * a.n, stream);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -756,9 +759,9 @@ inline cudaError_t qmm_clear(const QmmArgs& a, cudaStream_t stream) {
 // accumulate = 0 zeroes y first (the kernels only add).
 template <int QT, int NT, int MT>
 int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-               cudaStream_t stream, const QmmSegs* segs = nullptr, int nseg = 0) {
+               cudaStream_t stream) {
     constexpr int kGroupRows = kWarps * MT * 16;
-    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0, nseg, segs ? *segs : QmmSegs{}};
+    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
     QmmConfig c;
     if constexpr (NT == 1 && MT == 1 && kColsType<QT>) {
@@ -776,7 +779,7 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
     int st = ring ? qmm_config<QT, NT, MT, kRingType<QT, NT>>(c) : qmm_config<QT, NT, MT, false>(c);
     if (st != LB_OK) return st;
     const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
-    if (!accumulate) LB_CUDA_TRY(qmm_clear(a, stream));
+    if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows * n, stream));
     if constexpr (kRingType<QT, NT>) {
         if (ring) {
             LB_CUDA_TRY(launch_pdl(qmm_ring_kernel<QT, NT, MT>, dim3((unsigned)grid), dim3(kThreads), c.smem, stream,

@@ -194,8 +194,10 @@ __device__ __forceinline__ void smalln_load(const QmmArgs& a, int64_t row0, int 
 // that tile 0's registers take the next item's tile-0 weights while tile 1 computes (and tile 1's right
 // after): the next item's loads get half an item of compute to land, at the same register count, for
 // twice the shared-memory reads of B.
-template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false>
-__global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs a) {
+// Out: where the flush adds (PlainOut; SegOut for lb_gemm_q_smalln_seg, instantiated for the shipped shapes of
+// Q4_K/Q5_K only).
+template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false, typename Out = PlainOut>
+__global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs a, Out out) {
     static_assert(!kSplit || MT == 2, "the split pipelines two row tiles");
     using Tr = Traits<QT>;
     static_assert(Tr::kChunks * Tr::kHiLo * 4 == kSmallnSteps, "16 k-steps per 256-block");
@@ -253,11 +255,11 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
             if (nxt) smalln_load<QT, 1>(a, nrow0, nkb, g, t, reinterpret_cast<Tile&>(rr[0]));
             if (cur) smalln_item<QT, NT, 1>(reinterpret_cast<Tile&>(rr[1]), reinterpret_cast<TileAcc&>(acc[1]), xs[buf], lane, t);
             if (nxt) smalln_load<QT, 1>(a, nrow0 + 16, nkb, g, t, reinterpret_cast<Tile&>(rr[1]));
-            if (cur && (kb + 1 == nb || !more)) qmm_flush<NT, MT>(a, row0, acc, g, t);
+            if (cur && (kb + 1 == nb || !more)) qmm_flush<NT, MT>(a, row0, acc, g, t, out);
         } else {
             if (cur) {
                 smalln_item<QT, NT, MT>(rr, acc, xs[buf], lane, t);
-                if (kb + 1 == nb || !more) qmm_flush<NT, MT>(a, row0, acc, g, t);
+                if (kb + 1 == nb || !more) qmm_flush<NT, MT>(a, row0, acc, g, t, out);
             }
             // issued before the barrier, so they are in flight while the block waits and stages
             if (nxt) smalln_load<QT, MT>(a, nrow0, nkb, g, t, rr);
@@ -273,7 +275,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
 // ---- launch ---------------------------------------------------------------------------------------
 
 // Blocks per SM and SM count, worked out once per process, device and instance.
-template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit>
+template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit, typename Out>
 int smalln_config(QmmConfig& out) {
     static std::mutex mu;
     static QmmConfig cache[kMaxDevices];
@@ -285,7 +287,7 @@ int smalln_config(QmmConfig& out) {
         QmmConfig c;
         int per_sm = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-        const auto kernel = qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit>;
+        const auto kernel = qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out>;
         constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
         // over 48 KB of dynamic shared memory needs the opt-in (per device, hence here)
         if constexpr (smem > 0)
@@ -300,23 +302,28 @@ int smalln_config(QmmConfig& out) {
 
 // grid = every block that fits at once, capped by the item count; accumulate = 0 zeroes y first (the
 // kernel only adds). n must be ≤ 8·NT (≤ 64).
-template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false>
+// out: PlainOut, or lb_gemm_q_smalln_seg's SegOut.
+template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false, typename Out = PlainOut>
 int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                      cudaStream_t stream, const QmmSegs* segs = nullptr, int nseg = 0) {
+                      cudaStream_t stream, const Out& out = Out()) {
     constexpr int kGroupRows = W * MT * 16;
-    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0, nseg, segs ? *segs : QmmSegs{}};
+    QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
     QmmConfig c;
-    const int st = smalln_config<QT, NT, MT, W, kMinBlocks, kSplit>(c);
+    const int st = smalln_config<QT, NT, MT, W, kMinBlocks, kSplit, Out>(c);
     if (st != LB_OK) return st;
     const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
-    if (!accumulate) LB_CUDA_TRY(qmm_clear(a, stream));
+    if constexpr (std::is_same_v<Out, SegOut>) {
+        if (!accumulate) LB_CUDA_TRY(qmm_clear(a, stream, &out));
+    } else {
+        if (!accumulate) LB_CUDA_TRY(qmm_clear(a, stream));
+    }
     // The classic launch even when PDL is turned on (lb_set_pdl): launched with the attribute, the 27B
     // engine's verify gave wrong logits on the H200 while the same calls in isolation and the register
     // kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect). Its pdl_wait/pdl_trigger
     // then do nothing.
     constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
-    qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit><<<(unsigned)grid, W * 32, smem, stream>>>(a);
+    qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out><<<(unsigned)grid, W * 32, smem, stream>>>(a, out);
     LB_LAUNCH_TRY();
     return LB_OK;
 }

@@ -155,8 +155,9 @@ LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int k, const f
  * to cover twice the L2 (so it measures HBM), accumulate = 1 (kernels only). Blocks. */
 LB_API int lb_bench_qmm(int qtype, int n_rows, int k, int n, int iters, float* ms_out);
 /* One product over nseg (1..4) matrices that sit back to back in one weight stream (seg_rows[i] rows each,
- * summing to n_rows), segment i's rows written to ys[i] as [n, seg_rows[i]] (column-major, as Y above); n >= 2.
- * The caller vouches that w .. is one valid tensor of n_rows rows (true of consecutive Q4_K / Q5_K tensors). */
+ * summing to n_rows), segment i's rows written to ys[i] as [n, seg_rows[i]] (column-major, as Y above); n >= 2,
+ * Q4_K or Q5_K (consecutive tensors of these are one tensor of their summed rows: the caller vouches for that),
+ * the shipped kernel shapes (lb_qmm_smalln_select does not apply). */
 LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows, int k, const float* x, int n, int nseg,
                                 const int* seg_rows, float* const* ys, int accumulate, void* stream);
 /* Which kernel lb_gemm_q_smalln runs, for A/B measurements (tests/gpu/test_qmm_smalln.py):

@@ -29,21 +29,21 @@ std::atomic<int> g_select{0};
 // The register kernel (qmm.cuh) for every n.
 template <int QT>
 int register_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                      cudaStream_t s, const QmmSegs* sg = nullptr, int ns = 0) {
-    if (n == 1) return qmm_launch<QT, 1, 1>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    if (n <= 8) return qmm_launch<QT, 1, 2>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    if (n <= 16) return qmm_launch<QT, 2, 2>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    if (n <= 24) return qmm_launch<QT, 3, 2>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
+                      cudaStream_t s) {
+    if (n == 1) return qmm_launch<QT, 1, 1>(w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 8) return qmm_launch<QT, 1, 2>(w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 16) return qmm_launch<QT, 2, 2>(w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 24) return qmm_launch<QT, 3, 2>(w, n_rows, k, x, n, y, accumulate, s);
     if (n <= 32) {
         // Q6_K's two row tiles of five pieces per row and four column tiles need ~250 registers: at the
         // 255 limit ptxas spills once the x loads take immediate offsets (docs/perf.md, 27B GEMV "v4"),
         // so that one type keeps one row tile there (as at n > 32).
-        if constexpr (QT == Q6_K) return qmm_launch<QT, 4, 1>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-        else return qmm_launch<QT, 4, 2>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
+        if constexpr (QT == Q6_K) return qmm_launch<QT, 4, 1>(w, n_rows, k, x, n, y, accumulate, s);
+        else return qmm_launch<QT, 4, 2>(w, n_rows, k, x, n, y, accumulate, s);
     }
     // six or eight column tiles: one row tile per warp, or the accumulators spill
-    if (n <= 48) return qmm_launch<QT, 6, 1>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    return qmm_launch<QT, 8, 1>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
+    if (n <= 48) return qmm_launch<QT, 6, 1>(w, n_rows, k, x, n, y, accumulate, s);
+    return qmm_launch<QT, 8, 1>(w, n_rows, k, x, n, y, accumulate, s);
 }
 
 // Launch shapes of the staged kernel (row tiles per warp MT, warps per block W, blocks per SM asked of
@@ -56,14 +56,14 @@ constexpr int kMinBlocksB = (QT == Q4_K || QT == Q8_0) && NT <= 3 ? 3 : 2;
 
 template <int QT, int NT>
 int staged_launch(int shape, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                  cudaStream_t s, const QmmSegs* sg = nullptr, int ns = 0) {
+                  cudaStream_t s) {
     switch (shape) {
-        case 1: return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-        case 2: return qmm_smalln_launch<QT, NT, 1, 16, 1>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-        case 3: return qmm_smalln_launch<QT, NT, 1, 8, 2>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-        case 4: return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>, true>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-        case 5: return qmm_smalln_launch<QT, NT, 2, 8, 1, true>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-        default: return qmm_smalln_launch<QT, NT, 2, 8, 1>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
+        case 1: return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>>(w, n_rows, k, x, n, y, accumulate, s);
+        case 2: return qmm_smalln_launch<QT, NT, 1, 16, 1>(w, n_rows, k, x, n, y, accumulate, s);
+        case 3: return qmm_smalln_launch<QT, NT, 1, 8, 2>(w, n_rows, k, x, n, y, accumulate, s);
+        case 4: return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>, true>(w, n_rows, k, x, n, y, accumulate, s);
+        case 5: return qmm_smalln_launch<QT, NT, 2, 8, 1, true>(w, n_rows, k, x, n, y, accumulate, s);
+        default: return qmm_smalln_launch<QT, NT, 2, 8, 1>(w, n_rows, k, x, n, y, accumulate, s);
     }
 }
 
@@ -78,10 +78,10 @@ constexpr int kShippedShape = QT == Q6_K && NT == 1                 ? -1
 
 template <int QT, int NT>
 int staged_or_register(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                       cudaStream_t s, const QmmSegs* sg = nullptr, int ns = 0) {
+                       cudaStream_t s) {
     const int shape = sel >= 2 ? sel - 2 : kShippedShape<QT, NT>;
-    if (shape < 0) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    return staged_launch<QT, NT>(shape, w, n_rows, k, x, n, y, accumulate, s, sg, ns);
+    if (shape < 0) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s);
+    return staged_launch<QT, NT>(shape, w, n_rows, k, x, n, y, accumulate, s);
 }
 
 // Launch shapes of the staged kernel at n = 33..64 (NT = 6 or 8 column tiles; docs/perf.md "small-N v2").
@@ -96,66 +96,96 @@ int staged_or_register(int sel, const void* w, int64_t n_rows, int k, const floa
 // 4-warp blocks, at 255 registers for NT 6 and 8) and 1×8×2 (Q4_K NT 8 on sm_86, Q6_K NT 6 on sm_90).
 template <int QT, int NT>
 int wide_launch(int shape, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                cudaStream_t s, const QmmSegs* sg = nullptr, int ns = 0) {
-    if (shape == 1) return qmm_smalln_launch<QT, NT, 1, 16, 1>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    return qmm_smalln_launch<QT, NT, 2, 8, 1>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
+                cudaStream_t s) {
+    if (shape == 1) return qmm_smalln_launch<QT, NT, 1, 16, 1>(w, n_rows, k, x, n, y, accumulate, s);
+    return qmm_smalln_launch<QT, NT, 2, 8, 1>(w, n_rows, k, x, n, y, accumulate, s);
 }
 
 // n = 33..64 under select 8..11.
 template <int QT>
 int wide_dispatch(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                  cudaStream_t s, const QmmSegs* sg = nullptr, int ns = 0) {
+                  cudaStream_t s) {
     const int shape = (sel - 8) & 1;
-    if (sel < 10 && n <= 48) return wide_launch<QT, 6>(shape, w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    return wide_launch<QT, 8>(shape, w, n_rows, k, x, n, y, accumulate, s, sg, ns);
+    if (sel < 10 && n <= 48) return wide_launch<QT, 6>(shape, w, n_rows, k, x, n, y, accumulate, s);
+    return wide_launch<QT, 8>(shape, w, n_rows, k, x, n, y, accumulate, s);
 }
 
 template <int QT>
 int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                    cudaStream_t s, const QmmSegs* sg = nullptr, int ns = 0) {
+                    cudaStream_t s) {
     int sel = g_select.load(std::memory_order_relaxed);
     if (sel == 0 && n > 32) sel = 8;  // shipped at n = 33..64: shape G
     if (sel >= 8) {
-        if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s, sg, ns);
+        if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
         sel = 0;  // n <= 32: the shipped choice
     }
-    if (sel == 1 || n == 1 || n > 32) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    if (n <= 8) return staged_or_register<QT, 1>(sel, w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    if (n <= 16) return staged_or_register<QT, 2>(sel, w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    if (n <= 24) return staged_or_register<QT, 3>(sel, w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    return staged_or_register<QT, 4>(sel, w, n_rows, k, x, n, y, accumulate, s, sg, ns);
+    if (sel == 1 || n == 1 || n > 32) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 8) return staged_or_register<QT, 1>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 16) return staged_or_register<QT, 2>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 24) return staged_or_register<QT, 3>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    return staged_or_register<QT, 4>(sel, w, n_rows, k, x, n, y, accumulate, s);
+}
+
+// lb_gemm_q_smalln_seg's launches: the shipped shape of each width (kShippedShape, wide shape G), instantiated
+// with segmented outputs for the two types whose consecutive tensors are one block stream (Q4_K, Q5_K). The A/B
+// selects do not apply here.
+template <int QT, int NT>
+int seg_staged(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s,
+               const SegOut& sg) {
+    if constexpr (kShippedShape<QT, NT> == 1)
+        return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>, false, SegOut>(w, n_rows, k, x, n, y, accumulate,
+                                                                                  s, sg);
+    else
+        return qmm_smalln_launch<QT, NT, 1, 8, 2, false, SegOut>(w, n_rows, k, x, n, y, accumulate, s, sg);
+}
+
+template <int QT>
+int seg_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                 cudaStream_t s, const SegOut& sg) {
+    if (n <= 8) return seg_staged<QT, 1>(w, n_rows, k, x, n, y, accumulate, s, sg);
+    if (n <= 16) return seg_staged<QT, 2>(w, n_rows, k, x, n, y, accumulate, s, sg);
+    if (n <= 24) return seg_staged<QT, 3>(w, n_rows, k, x, n, y, accumulate, s, sg);
+    if (n <= 32) return seg_staged<QT, 4>(w, n_rows, k, x, n, y, accumulate, s, sg);
+    if (n <= 48) return qmm_smalln_launch<QT, 6, 2, 8, 1, false, SegOut>(w, n_rows, k, x, n, y, accumulate, s, sg);
+    return qmm_smalln_launch<QT, 8, 2, 8, 1, false, SegOut>(w, n_rows, k, x, n, y, accumulate, s, sg);
 }
 
 }  // namespace
-
-// Both entry points: one product, Y plain (ns = 0) or split into segments.
-static int smalln_entry(int qtype, const void* w, int n_rows, int k, const float* x, int n, float* y, int accumulate,
-                 cudaStream_t s, const QmmSegs* sg, int ns) {
-    switch (qtype) {
-        case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-        case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-        case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-        default: return smalln_dispatch<Q8_0>(w, n_rows, k, x, n, y, accumulate, s, sg, ns);
-    }
-}
 
 extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int k, const float* x, int n, float* y,
                                        int accumulate, void* stream) {
     int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, y);
     if (st != LB_OK) return st;
-    return smalln_entry(qtype, w, n_rows, k, x, n, y, accumulate, static_cast<cudaStream_t>(stream), nullptr, 0);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    switch (qtype) {
+        case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s);
+        case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s);
+        case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
+        default: return smalln_dispatch<Q8_0>(w, n_rows, k, x, n, y, accumulate, s);
+    }
 }
 
-// One launch for matrices that sit back to back in one weight stream (Q4_K/Q5_K: the GGUF block stream of
-// consecutive tensors is one tensor of their summed rows), each with its own output: what the decode step
-// gets from back-to-back outputs (one row), here for t rows, whose outputs are token-major per matrix. Why:
-// at n = 23 a launch costs ~9 µs before its bytes (the verify's 497 launches, docs/perf.md "segmented outputs").
+extern "C" LB_API int lb_qmm_smalln_select(int which) {
+    if (which < 0 || which > kSelectMax)
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: which = %d, need 0..%d", __func__, which, kSelectMax);
+    g_select.store(which, std::memory_order_relaxed);
+    return LB_OK;
+}
+
+// One launch for matrices that sit back to back in one weight stream (consecutive Q4_K / Q5_K tensors are one
+// tensor of their summed rows), each with its own output: what the decode step gets from back-to-back outputs
+// (one row), here for t rows, whose outputs are token-major per matrix. Why: each launch has a fixed cost
+// before its bytes (docs/perf.md "Segmented outputs").
 extern "C" LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows, int k, const float* x, int n,
                                            int nseg, const int* seg_rows, float* const* ys, int accumulate,
                                            void* stream) {
     LB_CHECK_ARG(seg_rows && ys && nseg >= 1 && nseg <= kMaxSegs, "need 1..4 segments (seg_rows, ys)");
     LB_CHECK_ARG(n >= 2, "segments take n >= 2 columns (one row: lb_gemv_q over back-to-back outputs)");
-    QmmSegs sg{};
+    if (qtype != Q4_K && qtype != Q5_K)
+        return lb::set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d: segments are for Q4_K (12) and Q5_K (13), whose "
+                             "consecutive tensors are one block stream", __func__, qtype);
+    SegOut sg{};
+    sg.nseg = nseg;
     int64_t at = 0;
     for (int i = 0; i < kMaxSegs; ++i) {
         if (i < nseg) {
@@ -167,20 +197,15 @@ extern "C" LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows,
             sg.ld[i] = seg_rows[i];
             at += seg_rows[i];
         } else {
-            sg.start[i] = INT64_MAX;  // never reached by a row
+            sg.start[i] = INT64_MAX;  // past every row
         }
     }
     if (at != n_rows)
         return lb::set_error(LB_ERR_INVALID_ARG, "%s: segment rows sum to %lld, not n_rows = %d", __func__,
                              (long long)at, n_rows);
-    int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, ys[0]);
+    const int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, ys[0]);
     if (st != LB_OK) return st;
-    return smalln_entry(qtype, w, n_rows, k, x, n, ys[0], accumulate, static_cast<cudaStream_t>(stream), &sg, nseg);
-}
-
-extern "C" LB_API int lb_qmm_smalln_select(int which) {
-    if (which < 0 || which > kSelectMax)
-        return lb::set_error(LB_ERR_INVALID_ARG, "%s: which = %d, need 0..%d", __func__, which, kSelectMax);
-    g_select.store(which, std::memory_order_relaxed);
-    return LB_OK;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (qtype == Q4_K) return seg_dispatch<Q4_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+    return seg_dispatch<Q5_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
 }

@@ -49,5 +49,7 @@ def test_segmented_gemm_rejects_bad_tables_without_a_gpu():
     assert "sum to 301" in lib.last_error()
     assert call(301, 1, 4) == _lib.LB_ERR_INVALID_ARG  # one column: lb_gemv_q's business
     assert call(301, 23, 5) == _lib.LB_ERR_INVALID_ARG  # at most 4 segments
+    assert fn.lb_gemm_q_smalln_seg(14, p, 301, 1792, p, 23, 4, ctypes.addressof(rows), ctypes.addressof(outs), 1,
+                                   None) == _lib.LB_ERR_UNSUPPORTED  # Q6_K: scales after each tensor's blocks
     rows[1] = 0
     assert call(253, 23, 4) == _lib.LB_ERR_INVALID_ARG and "segment 1" in lib.last_error()
