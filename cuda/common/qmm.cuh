@@ -486,6 +486,14 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
 template <int QT>
 constexpr bool kColsType = QT == Q4_K || QT == Q5_K;
 
+}  // namespace q
+}  // namespace lb
+
+#include "qmm_gemv_rows.cuh"
+
+namespace lb {
+namespace q {
+
 // ---- the ring kernel (Q8_0, n <= 8, large tensors) ----------------------------------------------
 
 constexpr int kMaxStages = 8;
@@ -723,8 +731,9 @@ int qmm_config(QmmConfig& out) {
     return LB_OK;
 }
 
-// Blocks per SM of the n = 1 sub-block-column kernel, worked out once per process and device.
-template <int QT>
+// Blocks per SM of the n = 1 sub-block-column kernel (kRows: its row-coalesced form), worked out once per
+// process and device.
+template <int QT, bool kRows>
 int gemv_cols_config(QmmConfig& out) {
     static std::mutex mu;
     static QmmConfig cache[kMaxDevices];
@@ -736,7 +745,10 @@ int gemv_cols_config(QmmConfig& out) {
         QmmConfig c;
         int by_regs = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-        LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_kernel<QT>, kThreads, 0));
+        if constexpr (kRows)
+            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_rows_kernel<QT>, kThreads, 0));
+        else
+            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_kernel<QT>, kThreads, 0));
         c.grid_per_sm = std::max(by_regs, 1);
         cache[dev] = c;
     }
@@ -766,12 +778,15 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
     QmmConfig c;
     if constexpr (NT == 1 && MT == 1 && kColsType<QT>) {
         if (n == 1) {
-            int st = gemv_cols_config<QT>(c);
+            const bool rows = gemv_rows_enabled();
+            int st = rows ? gemv_cols_config<QT, true>(c) : gemv_cols_config<QT, false>(c);
             if (st != LB_OK) return st;
             const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
             if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
-            LB_CUDA_TRY(launch_pdl(gemv_k45_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0,
-                                   stream, a));
+            if (rows)
+                LB_CUDA_TRY(launch_pdl(gemv_k45_rows_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
+            else
+                LB_CUDA_TRY(launch_pdl(gemv_k45_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
             return LB_OK;
         }
     }

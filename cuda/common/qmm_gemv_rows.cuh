@@ -1,0 +1,131 @@
+// n = 1, Q4_K and Q5_K: gemv_k45_kernel's items and arithmetic (K45Item), with the weights loaded row-coalesced
+// ("v8"). Included by qmm.cuh after gemv_k45_kernel (it uses K45Cols, K45Item, k45_flush, QmmArgs); not
+// standalone.
+//
+// Why: the load-pattern probe (scripts/probe_load_pattern.cu, H200, session 5) streams Q4_K 17408×5120 with no
+// arithmetic at all in 21.9 µs in gemv_k45_kernel's pattern (lane (g, t) reads 8-byte pieces of rows g and g + 8:
+// 8 rows = 8 lines per warp instruction) and in 16.5 µs when the warp reads its 16 rows × 144 bytes as 16-byte
+// chunks, consecutive lanes on consecutive chunks of a row; the GEMV itself takes 22.1 µs, so its time is its
+// load pattern. Here each lane loads up to ceil(16·B/16/32) 16-byte chunks of the item (B = 144 or 176 bytes a
+// row), stores them to a per-warp staging tile in shared memory, and reads its pieces back in K45Cols' order.
+// Same registers held across the compute as gemv_k45_kernel (the next item's chunks instead of its rows).
+//
+// Staging tile: 16 rows × kStride bytes, kStride ≡ 32 (mod 128) (160 for Q4_K, 224 for Q5_K) so that the eight
+// rows of a half-warp's 8-byte piece reads fall in distinct banks; the 16-byte chunk stores are contiguous per row.
+#pragma once
+
+namespace lb {
+namespace q {
+
+template <int QT>
+struct K45Rows {
+    using K = K45Cols<QT>;
+    static constexpr int kPieces = K::kBlockBytes / 16;               // 16-byte chunks per row and block: 9, 11
+    static constexpr int kChunks = 16 * kPieces;                      // per warp item: 144, 176
+    static constexpr int kPerLane = (kChunks + 31) / 32;              // 5, 6
+    static constexpr int kStride = K::kBlockBytes + ((32 - K::kBlockBytes % 128) % 128 + 128) % 128;  // 160, 224
+    static constexpr int kTileBytes = 16 * kStride;
+};
+
+// Blocks per SM asked of ptxas on sm_90: one fewer than gemv_k45_kernel's (Q4_K 5, Q5_K 4). At six and five its
+// chunk loads spill (ptxas: 44 and 36 bytes at the 80- and 96-register caps); Q4_K needs 95, Q5_K 110.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LB_GEMV_ROWS_BOUNDS(QT) __launch_bounds__(kThreads, (QT) == Q4_K ? 5 : 4)
+#else
+#define LB_GEMV_ROWS_BOUNDS(QT) __launch_bounds__(kThreads)
+#endif
+template <int QT>
+__global__ void LB_GEMV_ROWS_BOUNDS(QT) gemv_k45_rows_kernel(QmmArgs a) {
+    using K = K45Cols<QT>;
+    using R = K45Rows<QT>;
+    using Row = typename K::Row;
+    constexpr int kGroupRows = kWarps * 16;
+    __shared__ __align__(16) uint8_t tiles[kWarps][R::kTileBytes];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nb = a.k / QK;
+    pdl_trigger();
+    int64_t it = a.items * blockIdx.x / gridDim.x;
+    const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
+    if (it >= end) {
+        pdl_wait();  // lb_pdl.cuh: no block may finish before its predecessor
+        return;
+    }
+    int64_t grp = it / nb;
+    int kb = (int)(it - grp * nb);
+    const int64_t row_bytes = (int64_t)nb * K::kBlockBytes;
+    uint8_t* tile = tiles[warp];
+    auto tile_live = [&](int64_t grp_) { return grp_ * kGroupRows + warp * 16 < a.n_rows; };  // warp-uniform
+
+    // The lane's chunks of an item: chunk c = lane + 32·i is piece c % kPieces of row c / kPieces of the warp's 16
+    // (rows past the end read the last row: in bounds, never stored).
+    uint4 ch[R::kPerLane];
+    auto load = [&](int64_t grp_, int kb_) {
+        if (!tile_live(grp_)) return;
+#pragma unroll
+        for (int i = 0; i < R::kPerLane; ++i) {
+            const int c = lane + 32 * i;
+            if (c < R::kChunks) {
+                const int64_t row = min(grp_ * kGroupRows + warp * 16 + c / R::kPieces, a.n_rows - 1);
+                ch[i] = ldg_stream(a.w + row * row_bytes + (int64_t)kb_ * K::kBlockBytes + 16 * (c % R::kPieces));
+            }
+        }
+    };
+    // chunks -> the staging tile -> this lane's two rows in K45Cols' order
+    auto unpack = [&](Row (&r)[2]) {
+        __syncwarp();  // every lane's reads of the previous item's tile are done
+#pragma unroll
+        for (int i = 0; i < R::kPerLane; ++i) {
+            const int c = lane + 32 * i;
+            if (c < R::kChunks)
+                *reinterpret_cast<uint4*>(tile + (c / R::kPieces) * R::kStride + 16 * (c % R::kPieces)) = ch[i];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t* b = tile + (g + 8 * h) * R::kStride;
+            r[h].hdr = *reinterpret_cast<const uint4*>(b);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) r[h].qs[j] = *reinterpret_cast<const uint2*>(b + K::kQsOff + 32 * j + 8 * t);
+            if constexpr (K::kFive) r[h].qh = *reinterpret_cast<const uint2*>(b + 16 + 8 * t);
+        }
+    };
+
+    const K45Item<QT> item_math(g, t);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // The first item's weights are constant: their loads go out before waiting for the previous kernel (PDL).
+    load(grp, kb);
+    pdl_wait();
+    const float* xp = a.x + (int64_t)kb * QK + 32 * g + 8 * t;
+    for (;;) {
+        const bool live = tile_live(grp);
+        if (live) {
+            Row r[2];
+            unpack(r);
+            item_math(r, xp, acc);
+        }
+        if ((kb + 1 == nb || it + 1 == end) && live) k45_flush(acc, a.y, grp * kGroupRows + warp * 16, a.n_rows, g, t);
+        if (++it == end) break;
+        if (++kb == nb) {
+            kb = 0;
+            ++grp;
+            xp -= (int64_t)(nb - 1) * QK;
+        } else {
+            xp += QK;
+        }
+        load(grp, kb);
+    }
+}
+
+// Which n = 1 Q4_K/Q5_K kernel runs: LUCEBOX_GEMV_ROWS=0 keeps gemv_k45_kernel (for A/B runs), read once per
+// process; anything else (or unset) this one.
+inline bool gemv_rows_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("LUCEBOX_GEMV_ROWS");
+        return !(e && e[0] == '0' && e[1] == '\0');
+    }();
+    return on;
+}
+
+}  // namespace q
+}  // namespace lb
