@@ -778,15 +778,23 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
     QmmConfig c;
     if constexpr (NT == 1 && MT == 1 && kColsType<QT>) {
         if (n == 1) {
-            const bool rows = gemv_rows_enabled();
-            int st = rows ? gemv_cols_config<QT, true>(c) : gemv_cols_config<QT, false>(c);
+            // Q4_K: the row-coalesced loads (qmm_gemv_rows.cuh; 27B tg128 117.3 -> 122.5 tok/s on the H200);
+            // Q5_K measured slower there in every row (its four blocks per SM), so it keeps gemv_k45_kernel
+            if constexpr (QT == Q4_K) {
+                if (gemv_rows_enabled()) {
+                    int st = gemv_cols_config<QT, true>(c);
+                    if (st != LB_OK) return st;
+                    const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
+                    if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
+                    LB_CUDA_TRY(launch_pdl(gemv_k45_rows_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
+                    return LB_OK;
+                }
+            }
+            int st = gemv_cols_config<QT, false>(c);
             if (st != LB_OK) return st;
             const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
             if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
-            if (rows)
-                LB_CUDA_TRY(launch_pdl(gemv_k45_rows_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
-            else
-                LB_CUDA_TRY(launch_pdl(gemv_k45_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
+            LB_CUDA_TRY(launch_pdl(gemv_k45_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
             return LB_OK;
         }
     }

@@ -1,6 +1,8 @@
-// n = 1, Q4_K and Q5_K: gemv_k45_kernel's items and arithmetic (K45Item), with the weights loaded row-coalesced
-// ("v8"). Included by qmm.cuh after gemv_k45_kernel (it uses K45Cols, K45Item, k45_flush, QmmArgs); not
-// standalone.
+// n = 1, Q4_K: gemv_k45_kernel's items and arithmetic (K45Item), with the weights loaded row-coalesced ("v8").
+// Included by qmm.cuh after gemv_k45_kernel (it uses K45Cols, K45Item, k45_flush, QmmArgs); not standalone.
+// Written for both K45 types; qmm_launch runs it for Q4_K only: on the H200 (session 5, same call, A/B by
+// LUCEBOX_GEMV_ROWS) it took the 27B's tg128 from 117.3 to 122.5 tok/s, while Q5_K (four blocks per SM here,
+// five in gemv_k45_kernel) measured 5-12% slower in every row of the GEMV table.
 //
 // Why: the load-pattern probe (scripts/probe_load_pattern.cu, H200, session 5) streams Q4_K 17408×5120 with no
 // arithmetic at all in 21.9 µs in gemv_k45_kernel's pattern (lane (g, t) reads 8-byte pieces of rows g and g + 8:
@@ -117,7 +119,7 @@ __global__ void LB_GEMV_ROWS_BOUNDS(QT) gemv_k45_rows_kernel(QmmArgs a) {
     }
 }
 
-// Which n = 1 Q4_K/Q5_K kernel runs: LUCEBOX_GEMV_ROWS=0 keeps gemv_k45_kernel (for A/B runs), read once per
+// Whether n = 1 Q4_K runs this kernel: LUCEBOX_GEMV_ROWS=0 keeps gemv_k45_kernel (for A/B runs), read once per
 // process; anything else (or unset) this one.
 inline bool gemv_rows_enabled() {
     static const bool on = [] {
