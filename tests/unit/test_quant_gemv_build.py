@@ -29,6 +29,14 @@ def test_compiles_without_spills(source: str, arch: str, tmp_path: Path):
     assert not any(spills), "register spills:\n" + log[-4000:]
 
 
+@needs_nvcc
+def test_load_pattern_probe_compiles(tmp_path: Path):
+    """scripts/probe_load_pattern.cu (docs/perf.md "v8"): the standalone probe stays buildable for the H200."""
+    returncode, log = compile_cu("scripts/probe_load_pattern.cu", "sm_90", tmp_path)
+    assert returncode == 0, log[-4000:]
+    assert not any(spill_stores(log)), "register spills:\n" + log[-4000:]
+
+
 def test_api_rows_in_header_and_table():
     assert_api_rows(API)
 
