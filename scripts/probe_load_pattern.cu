@@ -12,12 +12,15 @@
 //         a row (5 instructions, each covering ~3.5 whole row pieces)
 //   tile  the layout a repack would give: the warp's 2304 bytes contiguous, lane L at 16·L + 512·i
 // plus "2x" forms with two items in flight. Copies rotate over 10 matrices (> 2× the L2) so each call reads
-// HBM. Build: nvcc -O3 -arch=sm_90 -o probe scripts/probe_load_pattern.cu; run: ./probe (prints µs and GB/s).
+// HBM. Build: nvcc -O3 -std=c++17 -arch=sm_90 -Icuda/common -o probe scripts/probe_load_pattern.cu; run: ./probe (prints
+// µs and GB/s).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include "quant_blocks.cuh"
 
 namespace {
 
@@ -26,18 +29,9 @@ constexpr int kGroupRows = 64, kThreads = 128;
 constexpr int64_t kItems = (int64_t)(kRows / kGroupRows) * kNb;
 constexpr int kCopies = 10;
 
-__device__ __forceinline__ uint4 ld16(const uint8_t* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-__device__ __forceinline__ uint2 ld8(const uint8_t* p) {
-    uint2 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-}
+// the GEMV's own weight loads (L1::no_allocate), so the probe measures what the kernels issue
+using lb::q::ldg_stream;
+using lb::q::ldg_stream8;
 
 // The item (group, kb) of this warp: 16 rows starting at row0, block kb.
 template <int kPattern>
@@ -49,11 +43,11 @@ __device__ __forceinline__ uint32_t read_item(const uint8_t* w, int64_t grp, int
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const uint8_t* b = w + (row0 + g + 8 * h) * kRowBytes + kb * kBlock;
-            const uint4 hd = ld16(b);
+            const uint4 hd = ldg_stream(b);
             acc ^= hd.x ^ hd.y ^ hd.z ^ hd.w;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const uint2 q = ld8(b + 16 + 32 * j + 8 * t);
+                const uint2 q = ldg_stream8(b + 16 + 32 * j + 8 * t);
                 acc ^= q.x ^ q.y;
             }
         }
@@ -62,7 +56,7 @@ __device__ __forceinline__ uint32_t read_item(const uint8_t* w, int64_t grp, int
         for (int i = 0; i < 5; ++i) {
             const int c = lane + 32 * i;
             if (c < 144) {
-                const uint4 v = ld16(w + (row0 + c / 9) * kRowBytes + kb * kBlock + 16 * (c % 9));
+                const uint4 v = ldg_stream(w + (row0 + c / 9) * kRowBytes + kb * kBlock + 16 * (c % 9));
                 acc ^= v.x ^ v.y ^ v.z ^ v.w;
             }
         }
@@ -72,7 +66,7 @@ __device__ __forceinline__ uint32_t read_item(const uint8_t* w, int64_t grp, int
         for (int i = 0; i < 5; ++i) {
             const int c = lane + 32 * i;
             if (c < 144) {
-                const uint4 v = ld16(tile + 16 * c);
+                const uint4 v = ldg_stream(tile + 16 * c);
                 acc ^= v.x ^ v.y ^ v.z ^ v.w;
             }
         }

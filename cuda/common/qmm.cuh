@@ -78,6 +78,16 @@ struct SegOut {
     }
 };
 
+// This block's equal contiguous share [it, end) of the items (the stream-K split of every kernel here); false for
+// an empty share, after waiting for the predecessor (lb_pdl.cuh: no block may finish before it).
+__device__ __forceinline__ bool stream_k_share(const QmmArgs& a, int64_t& it, int64_t& end) {
+    it = a.items * blockIdx.x / gridDim.x;
+    end = a.items * (blockIdx.x + 1) / gridDim.x;
+    if (it < end) return true;
+    pdl_wait();
+    return false;
+}
+
 template <typename F, int... I>
 __device__ __forceinline__ void static_for_impl(F&& f, std::integer_sequence<int, I...>) {
     (f(std::integral_constant<int, I>{}), ...);
@@ -178,12 +188,8 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
     pdl_trigger();
-    int64_t it = a.items * blockIdx.x / gridDim.x;
-    const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
-    if (it >= end) {
-        pdl_wait();  // lb_pdl.cuh: no block may finish before its predecessor
-        return;
-    }
+    int64_t it, end;
+    if (!stream_k_share(a, it, end)) return;
     int64_t grp = it / nb;
     int kb = (int)(it - grp * nb);
     XCursor<QT, NT> xc(a, kb, g, t);
@@ -411,12 +417,8 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
     pdl_trigger();
-    int64_t it = a.items * blockIdx.x / gridDim.x;
-    const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
-    if (it >= end) {
-        pdl_wait();  // lb_pdl.cuh: no block may finish before its predecessor
-        return;
-    }
+    int64_t it, end;
+    if (!stream_k_share(a, it, end)) return;
     int64_t grp = it / nb;
     int kb = (int)(it - grp * nb);
     const int64_t row_bytes = (int64_t)nb * K::kBlockBytes;
@@ -551,6 +553,7 @@ __global__ void __launch_bounds__(kThreads) qmm_ring_kernel(QmmArgs a, int stage
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
     pdl_trigger();
+    // (stream_k_share's prologue, written out: through the helper ptxas schedules this kernel's loop differently)
     int64_t it = a.items * blockIdx.x / gridDim.x;
     const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
     if (it >= end) {
@@ -780,20 +783,20 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
         if (n == 1) {
             // Q4_K: the row-coalesced loads (qmm_gemv_rows.cuh; 27B tg128 117.3 -> 122.5 tok/s on the H200);
             // Q5_K measured slower there in every row (its four blocks per SM), so it keeps gemv_k45_kernel
+            bool rows = false;
+            if constexpr (QT == Q4_K) rows = gemv_rows_enabled();
+            int st;
+            if constexpr (QT == Q4_K) st = rows ? gemv_cols_config<QT, true>(c) : gemv_cols_config<QT, false>(c);
+            else st = gemv_cols_config<QT, false>(c);
+            if (st != LB_OK) return st;
+            const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
+            if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
             if constexpr (QT == Q4_K) {
-                if (gemv_rows_enabled()) {
-                    int st = gemv_cols_config<QT, true>(c);
-                    if (st != LB_OK) return st;
-                    const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
-                    if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
+                if (rows) {
                     LB_CUDA_TRY(launch_pdl(gemv_k45_rows_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
                     return LB_OK;
                 }
             }
-            int st = gemv_cols_config<QT, false>(c);
-            if (st != LB_OK) return st;
-            const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
-            if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
             LB_CUDA_TRY(launch_pdl(gemv_k45_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
             return LB_OK;
         }

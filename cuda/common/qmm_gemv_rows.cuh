@@ -47,12 +47,8 @@ __global__ void LB_GEMV_ROWS_BOUNDS(QT) gemv_k45_rows_kernel(QmmArgs a) {
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
     pdl_trigger();
-    int64_t it = a.items * blockIdx.x / gridDim.x;
-    const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
-    if (it >= end) {
-        pdl_wait();  // lb_pdl.cuh: no block may finish before its predecessor
-        return;
-    }
+    int64_t it, end;
+    if (!stream_k_share(a, it, end)) return;
     int64_t grp = it / nb;
     int kb = (int)(it - grp * nb);
     const int64_t row_bytes = (int64_t)nb * K::kBlockBytes;

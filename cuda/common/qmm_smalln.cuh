@@ -214,12 +214,8 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
-    int64_t it = a.items * blockIdx.x / gridDim.x;
-    const int64_t end = a.items * (blockIdx.x + 1) / gridDim.x;
-    if (it >= end) {  // (the grid is capped by the item count: not reached)
-        pdl_wait();
-        return;
-    }
+    int64_t it, end;
+    if (!stream_k_share(a, it, end)) return;  // (the grid is capped by the item count: not reached)
     int64_t grp = it / nb;
     int kb = (int)(it - grp * nb);
     int64_t row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
