@@ -55,6 +55,25 @@ def test_largest_context_3090(big):
     mp.fit(mp.plan(cfg, sizes, context=prof.run.max_context, budget=22, draft=mp.DFLASH_27B_BF16), card)
 
 
+def test_prefill_rows_cost_context(big):
+    """run.prefill_rows sizes the activations, DeltaNet scratch and attention partials by the rows of one pass;
+    the logits stay at 64 rows. On the 3090 a 256-row pass would cost ~1,950 tokens of context (target and
+    draft KV), which is why its profile keeps 64."""
+    cfg, sizes = big
+    p64 = mp.plan(cfg, sizes, context=4096, budget=22, prefill_rows=64)
+    p256 = mp.plan(cfg, sizes, context=4096, budget=22, prefill_rows=256)
+    assert p256.bytes_of("activations") == pytest.approx(4 * p64.bytes_of("activations"), rel=1e-3)
+    assert p256.bytes_of("logits") == p64.bytes_of("logits") == 64 * cfg.vocab * 4
+    assert 150 * 2**20 < p256.total - p64.total < 170 * 2**20
+    prof = get_profile("rtx3090-sm86")
+    card = mp.card_bytes_of_profile(prof)
+    at256 = mp.largest_context(cfg, sizes, card, budget=22, draft=mp.DFLASH_27B_BF16, prefill_rows=256)
+    assert 1_800 < LARGEST_3090 - at256 < 2_100  # 41,726 -> 39,779
+    assert prof.run.prefill_rows == 64 and get_profile("h200-sm90").run.prefill_rows == 256
+    with pytest.raises(UsageError, match="multiple of 64"):
+        mp.plan(cfg, sizes, context=4096, budget=22, prefill_rows=96)
+
+
 def test_h200_much_larger(big):
     cfg, sizes = big
     prof = get_profile("h200-sm90")
