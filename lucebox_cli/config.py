@@ -125,7 +125,7 @@ class RunDefaults:
     budget: int
     kv_cache_type: str
     max_context: int
-    prefill_rows: int = 64
+    prefill_rows: int = 64  # the default of run.prefill_rows (engines/memory_plan.py takes it from here)
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ def load_profile_file(path: Path) -> Profile:
         arch=build["arch"],
         gencode=build["gencode"],
         run=RunDefaults(budget=run["budget"], kv_cache_type=run["kv_cache_type"], max_context=run["max_context"],
-                        prefill_rows=run.get("prefill_rows", 64)),
+                        prefill_rows=run.get("prefill_rows", RunDefaults.prefill_rows)),
         data=_freeze(doc),
     )
 
@@ -383,7 +383,7 @@ def _validate(path: Path, doc: Mapping[str, Any]) -> None:
         fail("build.arch", f"{doc['build']['arch']} does not match compute_capability {cc[0]}.{cc[1]}")
     if f"compute_{m.group(1)}{m.group(2)}" not in doc["build"]["gencode"]:
         fail("build.gencode", f"does not name compute_{m.group(1)}{m.group(2)}")
-    rows = doc["run"].get("prefill_rows", 64)
+    rows = doc["run"].get("prefill_rows", RunDefaults.prefill_rows)
     if rows % 64:
         fail("run.prefill_rows", f"{rows} is not a multiple of 64 (the quantized GEMMs take 64 columns at a time)")
     for pattern in doc["hardware"]["gpu_names"]:

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
+from lucebox_cli.config import RunDefaults
 from lucebox_cli.errors import OutOfMemory, UsageError
 from lucebox_cli.models.qwen35 import ATTENTION, DELTANET, Qwen35Config, expected_tensors
 
@@ -34,7 +35,7 @@ MIB = 1 << 20
 CUDA_OVERHEAD = 640 * MIB
 ALIGN = 256
 CHUNK = 64  # the most tree slots one verify takes, and the columns of one quantized GEMM call (the small-N limit)
-PREFILL_ROWS = 64  # rows of one prefill pass unless the profile says otherwise (run.prefill_rows)
+PREFILL_ROWS = RunDefaults.prefill_rows  # rows of one prefill pass unless the profile says otherwise
 ATTN_SPLITS_ONE = 64  # split-KV blocks per kv head for a single query (decode)
 ATTN_SPLITS_MANY = 16  # for prefill chunks and tree verify
 D = 128  # DeltaNet dk = dv, the only size the ops take

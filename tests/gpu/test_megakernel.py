@@ -71,14 +71,20 @@ def test_logits_match_cpu_for_64_steps_24_layers():
     gpu.close()
 
 
+def cpu_greedy(cpu, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
+    """The CPU engine's logits after the prompt and its first n greedy tokens."""
+    logits = first = cpu.prefill(prompt)
+    want = []
+    for _ in range(n):
+        want.append(int(np.argmax(logits)))
+        logits = cpu.step(want[-1])
+    return first, want
+
+
 def test_greedy_tokens_identical_4_layers():
     cpu, gpu = engines(4)
     prompt = [11, 2222, 33333, 4444, 55]
-    logits = cpu.prefill(prompt)
-    want = []
-    for _ in range(40):
-        want.append(int(np.argmax(logits)))
-        logits = cpu.step(want[-1])
+    _, want = cpu_greedy(cpu, prompt, 40)
     gpu.poison()
     g_logits = gpu.prefill(prompt)
     assert int(np.argmax(g_logits)) == want[0] == gpu.pending
@@ -153,11 +159,7 @@ def test_named_weight_ring_gives_the_same_tokens(ring):
     cpu, gpu = engines(4, ring=ring)
     assert gpu.info["nslots"] == ring[0]
     prompt = [11, 2222, 33333, 4444, 55]
-    logits = ref0 = cpu.prefill(prompt)
-    want = []
-    for _ in range(24):
-        want.append(int(np.argmax(logits)))
-        logits = cpu.step(want[-1])
+    ref0, want = cpu_greedy(cpu, prompt, 24)
     gpu.poison()
     g_logits = gpu.prefill(prompt)
     assert rel_rms(g_logits, ref0) < 1e-2

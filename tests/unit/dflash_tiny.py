@@ -16,8 +16,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-
 from tiny_models import _random_weights, _text_config, qwen35_tokenizer_json, write_safetensors
+
+from lucebox_cli.engines.base import Tree
 
 OPS_DIMS = dict(head_dim=256, linear_key_head_dim=128, linear_value_head_dim=128, num_attention_heads=4,
                 num_key_value_heads=1, linear_num_key_heads=2, intermediate_size=512)
@@ -48,3 +49,10 @@ def make_tiny_q4km(dir: str | os.PathLike, *, n_layers: int = 4, hv_ratio: int =
     quantize(folder, out, ftype, overwrite=True)
     shutil.rmtree(folder)  # the float checkpoint is 8x the GGUF; only the GGUF is used (and carried)
     return out
+
+
+def branched_tree(seed: int, n: int, vocab: int = 4096) -> Tree:
+    """A random n-slot tree for the 27B engine tests: a spine (60%) with branches to earlier slots."""
+    rng = np.random.default_rng(seed)
+    par = [-1] + [i - 1 if rng.random() < 0.6 else int(rng.integers(0, i)) for i in range(1, n)]
+    return Tree(rng.integers(0, vocab, n), np.asarray(par))

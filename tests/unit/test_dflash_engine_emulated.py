@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dflash_fake_lib import FakeLib
-from dflash_tiny import make_tiny_q4km
+from dflash_tiny import branched_tree, make_tiny_q4km
 
 from lucebox_cli.engines.base import Tree
 from lucebox_cli.engines.cpu import CPUEngine
@@ -44,12 +44,6 @@ def engines(gguf, cpu_model, **kw):
     gpu = DFlashTargetEngine(gguf, max_context=256, budget=22, tap_layers=TAPS, lib=lib, card_bytes=8 << 30, **kw)
     cpu = CPUEngine(cfg, weights, tap_layers=TAPS, max_context=256)
     return gpu, cpu, lib
-
-
-def branched_tree(seed: int, n: int, vocab: int) -> Tree:
-    rng = np.random.default_rng(seed)
-    par = [-1] + [i - 1 if rng.random() < 0.6 else int(rng.integers(0, i)) for i in range(1, n)]
-    return Tree(rng.integers(0, vocab, n), np.asarray(par))
 
 
 def test_prefill_two_chunks_and_steps(gguf, cpu_model):

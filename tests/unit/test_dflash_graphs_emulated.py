@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dflash_fake_lib import FakeLib
-from dflash_tiny import make_tiny_q4km
+from dflash_tiny import branched_tree, make_tiny_q4km
 
-from lucebox_cli.engines.base import Tree
 from lucebox_cli.engines.dflash import DFlashTargetEngine
 
 TAPS = (0, 2)
@@ -29,12 +28,6 @@ def engine(gguf, taps=TAPS, graphs=True):
     eng = DFlashTargetEngine(gguf, max_context=256, budget=22, tap_layers=taps, lib=lib, card_bytes=8 << 30)
     eng.use_graphs = graphs
     return eng, lib
-
-
-def branched_tree(seed: int, n: int, vocab: int = 4096) -> Tree:
-    rng = np.random.default_rng(seed)
-    par = [-1] + [i - 1 if rng.random() < 0.6 else int(rng.integers(0, i)) for i in range(1, n)]
-    return Tree(rng.integers(0, vocab, n), np.asarray(par))
 
 
 def session(eng, ids, trees):
@@ -213,11 +206,6 @@ def test_bench_tg_row_runs_the_loop(gguf):
 
 def test_engine_info_says_whether_graphs_run(tmp_path):
     # every bench row carries engine_info: a number must say whether it was made with graphs
-    from dflash_fake_lib import FakeLib
-    from dflash_tiny import make_tiny_q4km
-
-    from lucebox_cli.engines.dflash import DFlashTargetEngine
-
     g = make_tiny_q4km(tmp_path / "m", n_layers=4, hv_ratio=3)
     eng = DFlashTargetEngine(g, max_context=128, budget=8, lib=FakeLib(graphs=True), card_bytes=8 << 30)
     try:
