@@ -91,6 +91,9 @@ _SCHEMA: tuple[_Field, ...] = (
     # that the slot size is 1024, 2048 or 4096 and that the ring fits
     _Field("build.megakernel.ring_slots", "int", required=False, lo=2, hi=8),
     _Field("build.megakernel.ring_slot_bytes", "int", required=False, lo=1024, hi=4096),
+    # when the ring's refills are issued (lb_mk_config_t.ring_hold: 0 as slots free up, 1 refills for later phases
+    # held to the next GEMV phase's start); absent: 0
+    _Field("build.megakernel.ring_hold", "int", required=False, lo=0, hi=1),
     _Field("run.budget", "int", lo=1, hi=1024),
     _Field("run.kv_cache_type", "str", choices=("f16", "bf16", "q8_0", "q4_0")),
     _Field("run.max_context", "int", lo=256, hi=1 << 22),

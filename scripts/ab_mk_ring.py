@@ -3,6 +3,9 @@
 
     python3 scripts/ab_mk_ring.py [--rings auto,2x4096,3x2048,2x2048,4x1024,3x1024,2x1024] [--reps 3] [--json out.json]
 
+A ring written with "+hold" (e.g. auto+hold, 2x4096+hold) runs with ring_hold 1: refills for later phases wait
+for the next GEMV phase's start (lb_mk_config_t.ring_hold; docs/perf.md "All-block timeline and ring_hold").
+
 Why: docs/perf.md (0.8B "v3") found each layer's ~12 dependent L2 round trips waiting ~2-3 µs behind the
 weight copies the rings keep queued (3 slots × 4 KB × 16 warps × 132 SMs ≈ 25 MB in flight, against the
 ~4-6 MB that 4 TB/s × ~1-1.5 µs of loaded latency needs), and prefetching further ahead was slower. If the
@@ -26,9 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def parse_hold(text: str):
+    if text == "profile":
+        return None  # the profile's ring_hold
+    return {"": 0, "hold": 1}[text.partition("+")[2]]
+
+
 def parse_ring(text: str):
+    text = text.split("+")[0]
+    if text == "profile":
+        return None  # the profile's ring (build.megakernel.ring_*)
     if text == "auto":
-        return None
+        return 0, 0  # the largest that fits
     slots, nbytes = text.lower().split("x")
     return int(slots), int(nbytes)
 
@@ -50,7 +62,8 @@ def main(argv: list[str]) -> int:
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, cfg.vocab, 520)]
     rows = []
     for text in a.rings.split(","):
-        eng = mkmod.MegakernelEngine(cfg, w, max_context=520 + 16 + a.tg * (a.reps + 1) + 8, ring=parse_ring(text))
+        eng = mkmod.MegakernelEngine(cfg, w, max_context=520 + 16 + a.tg * (a.reps + 1) + 8, ring=parse_ring(text),
+                                     ring_hold=parse_hold(text))
         try:
             eng.prefill(prompt)
             eng.decode(16)  # warm-up
@@ -65,7 +78,7 @@ def main(argv: list[str]) -> int:
         finally:
             eng.close()
         rows.append(row)
-        print(f"ring {text:>8}: {row['nslots']} slots, {row['smem_bytes']} B smem/block: tg{a.tg} "
+        print(f"ring {text:>10}: {row['nslots']} slots, {row['smem_bytes']} B smem/block: tg{a.tg} "
               f"{row['tok_s']:8.1f} tok/s (median of {a.reps})", flush=True)
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)

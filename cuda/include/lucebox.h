@@ -335,6 +335,10 @@ typedef struct lb_mk_config {
      * For measuring how many weight bytes in flight the critical loads can stand (docs/perf.md). */
     int32_t ring_slots;
     int32_t ring_slot_bytes;
+    /* 0: a warp refills each slot as soon as it has read it; 1: refills of chunks for later phases wait until
+     * the next GEMV phase starts (after its grid barrier and prologue), so the barrier's round trip does not
+     * queue behind them (an experiment: docs/perf.md "All-block timeline and ring_hold"). */
+    int32_t ring_hold;
 } lb_mk_config_t;
 
 typedef struct lb_mk_info {

@@ -36,6 +36,8 @@ int choose_geometry(Handle* H) {
     // Per-warp weight rings (mk_gemv.cuh): the largest slot size that still leaves every warp 3 slots in
     // flight, then as many slots as fit (at most MAX_WSLOTS), unless the config names the ring.
     int wslots = 0, slot_bytes = 0;
+    if (c.ring_hold < 0 || c.ring_hold > 1)
+        return lb::set_error(LB_ERR_INVALID_ARG, "megakernel: ring_hold %d; need 0 or 1", c.ring_hold);
     if (c.ring_slots || c.ring_slot_bytes) {
         const int sb = c.ring_slot_bytes;
         if (c.ring_slots < 2 || c.ring_slots > MAX_WSLOTS || (sb != 1024 && sb != 2048 && sb != 4096))

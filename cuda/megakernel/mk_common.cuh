@@ -151,13 +151,35 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
     return v;
 }
 
+// Phase timing for development builds (make build EXTRA_FLAGS=-DMK_PROFILE): thread 0 of every block stamps
+// the global timer at each phase boundary of step 1; block 0 prints its own deltas and every block's raw
+// stamps (MKPB lines, for scripts/mk_profile_blocks.py: who arrives last at each barrier, and how long the
+// release takes after the last arrival). Compiled out otherwise.
+#ifdef MK_PROFILE
+constexpr int MK_PROF_MAX = 16 * MAX_LAYERS + 16;
+constexpr int MK_PROF_BLOCKS = 512;
+__device__ unsigned long long g_mk_prof[MK_PROF_BLOCKS][MK_PROF_MAX];
+__device__ __forceinline__ void mk_mark(int step, int i) {
+    if (threadIdx.x == 0 && step == 1 && i < MK_PROF_MAX && blockIdx.x < MK_PROF_BLOCKS) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+        g_mk_prof[blockIdx.x][i] = t;
+    }
+}
+#else
+__device__ __forceinline__ void mk_mark(int, int) {}
+#endif
+
 // Grid-wide barrier over a monotonically increasing counter (zeroed by the host before the launch);
 // `target` is this block's running count of arrivals it expects. Co-residency of all blocks is
 // guaranteed by the cooperative launch. The block's writes are ordered before thread 0's arrival by
 // __syncthreads and published by the release add; the acquire load orders what follows (the pattern of
 // CUTLASS's generic barrier). Two full __threadfence()s cost ~0.3 us more per barrier (v3 profile).
-__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& target) {
+// With MK_PROFILE, `mark` (when >= 0) is stamped once the whole block has arrived (after the first __syncthreads):
+// a stamp before the call would only say when warp 0 was done.
+__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& target, int step = 0, int mark = -1) {
     __syncthreads();
+    if (mark >= 0) mk_mark(step, mark);
     target += gridDim.x;
     if (threadIdx.x == 0) {
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
@@ -167,21 +189,6 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& target) {
     __syncthreads();
 }
 
-// Phase timing for development builds (make build EXTRA_FLAGS=-DMK_PROFILE): block 0 stamps the global
-// timer at each phase boundary of step 1 and prints the deltas when the launch ends. Compiled out otherwise.
-#ifdef MK_PROFILE
-constexpr int MK_PROF_MAX = 16 * MAX_LAYERS + 16;
-__device__ unsigned long long g_mk_prof[MK_PROF_MAX];
-__device__ __forceinline__ void mk_mark(int step, int i) {
-    if (blockIdx.x == 0 && threadIdx.x == 0 && step == 1 && i < MK_PROF_MAX) {
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-        g_mk_prof[i] = t;
-    }
-}
-#else
-__device__ __forceinline__ void mk_mark(int, int) {}
-#endif
 
 // The async-copy primitives live in lb_async.cuh (shared with the quantized GEMV's bulk-copy ring).
 using lb::cp_async16;

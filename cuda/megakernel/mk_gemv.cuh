@@ -124,13 +124,14 @@ __device__ __forceinline__ bool cursor_next(const Params& P, const Smem& sm, Cur
     return false;
 }
 
-// Issue this warp's chunks until its ring is full or nothing is left to prefetch. All lanes call it with identical cursors. sm_90: lane 0
-// issues one bulk copy per chunk; older archs: 16-byte cp.async per lane.
-__device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring& R) {
+// Issue this warp's chunks until its ring is full or nothing is left to prefetch; with only_pp >= 0, only chunks
+// of GEMV phase only_pp. All lanes call it with identical cursors. sm_90: lane 0 issues one bulk copy per chunk;
+// older archs: 16-byte cp.async per lane.
+__device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring& R, int only_pp = -1) {
     const int warp = lb::warp_id(), lane = lb::lane_id();
     const uint8_t* src;
     int n;
-    while (R.head - R.tail < P.wslots && cursor_next(P, sm, R.prod, src, n)) {
+    while (R.head - R.tail < P.wslots && (only_pp < 0 || R.prod.pp == only_pp) && cursor_next(P, sm, R.prod, src, n)) {
         const int slot = R.head % P.wslots;
         uint8_t* dst = warp_slot(P, sm, warp, slot);
         uint64_t* bar = &sm.mbar[warp * MAX_WSLOTS + slot];
@@ -146,7 +147,13 @@ __device__ __forceinline__ void ring_fill(const Params& P, const Smem& sm, Ring&
 
 // One GEMV phase: y[row] = W[row, :] . x for this warp's rows; epi(row, value) consumes each result on
 // lane 0 (rows in increasing order). x must be ready in shared memory (xperm order).
-template <class Epi>
+// kHold (lb_mk_config_t.ring_hold = 1; docs/perf.md "All-block timeline and ring_hold"): a grid barrier's release
+// took 3-5 µs after a GEMV phase, 0.7 µs after the mixer, when no refills were in flight. With kHold a warp holds
+// back the refill after the last chunk of a phase until it reads its next chunk (after the barrier and the
+// prologue), so one slot of each warp's refills is not queued ahead of the barrier's round trip. A template
+// parameter, and no more than that: at the persistent kernel's 128-register cap a runtime test, or a second
+// refill site at the phase start (which could hold every refill for later phases), spilled on sm_90.
+template <int kHold, class Epi>
 __device__ __forceinline__ void gemv_run(const Params& P, const Smem& sm, Ring& R, int pp, Epi epi) {
     const int lane = lb::lane_id(), warp = lb::warp_id();
     const WarpRange r = warp_range(sm, pp, warp);
@@ -204,7 +211,9 @@ __device__ __forceinline__ void gemv_run(const Params& P, const Smem& sm, Ring& 
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
         R.tail++;
-        ring_fill(P, sm, R);
+        // kHold: the refill after a phase's last chunk waits for the next chunk this warp reads, unless a slot
+        // is already held (at most one: the ring never runs dry)
+        if (!kHold || byte + P.slot_bytes < r.bytes || R.head - R.tail < P.wslots - 1) ring_fill(P, sm, R);
     }
 }
 

@@ -131,7 +131,7 @@ extern "C" LB_API int lb_mk_decode_start(void* handle, const int32_t* forced, in
     // -1 marks tokens not yet produced, for lb_mk_decode_poll
     std::memset(H->host_tokens, 0xFF, (size_t)n_steps * 4);
     LB_CUDA_TRY(cudaEventRecord(H->ev0, H->stream));
-    LB_CUDA_TRY((cudaError_t)launch(P, H->info.n_blocks, H->stream));
+    LB_CUDA_TRY((cudaError_t)launch(P, H->info.n_blocks, H->cfg.ring_hold, H->stream));
     LB_CUDA_TRY(cudaEventRecord(H->ev1, H->stream));
     H->running = n_steps;
     H->want_logits = want_logits;

@@ -67,6 +67,7 @@ __device__ void emit_token(const Params& P, int step, int tok) {
 }
 
 // One decoder layer: 5 phases, each ended by a grid barrier.
+template <int kHold>
 __device__ void layer_forward(const Params& P, const Smem& sm, Ring& R, unsigned& bt, int l, int pos, int tok,
                               int step) {
     const Layer& L = P.layers[l];
@@ -74,45 +75,41 @@ __device__ void layer_forward(const Params& P, const Smem& sm, Ring& R, unsigned
     if (l == 0) x_rmsnorm(P, sm, nullptr, P.embed + (size_t)tok * HID, L.norm1);
     else x_rmsnorm(P, sm, P.h, nullptr, L.norm1);
     mk_mark(step, m + 0);
-    gemv_run(P, sm, R, 4 * l + 0, [&](int row, float v) { P.y_in[row] = v; });
-    mk_mark(step, m + 1);
-    grid_barrier(P.bar, bt);
+    gemv_run<kHold>(P, sm, R, 4 * l + 0, [&](int row, float v) { P.y_in[row] = v; });
+    grid_barrier(P.bar, bt, step, m + 1);  // mark m + 1: the whole block has arrived
     mk_mark(step, m + 2);
 
     if (L.is_attn) attn_phase(P, sm, L, pos);
     else dn_phase(P, sm, L, pos);
-    mk_mark(step, m + 3);
-    grid_barrier(P.bar, bt);
+    grid_barrier(P.bar, bt, step, m + 3);  // mark m + 3: the whole block has arrived
     mk_mark(step, m + 4);
 
     if (L.is_attn) x_attn_out(P, sm);
     else x_dn_gated_norm(P, sm, L);
     mk_mark(step, m + 5);
-    gemv_run(P, sm, R, 4 * l + 1, [&](int row, float v) { P.h[row] = ldcg(P.h + row) + v; });
-    mk_mark(step, m + 6);
-    grid_barrier(P.bar, bt);
+    gemv_run<kHold>(P, sm, R, 4 * l + 1, [&](int row, float v) { P.h[row] = ldcg(P.h + row) + v; });
+    grid_barrier(P.bar, bt, step, m + 6);  // mark m + 6: the whole block has arrived
     mk_mark(step, m + 7);
 
     x_rmsnorm(P, sm, P.h, nullptr, L.norm2);
     mk_mark(step, m + 8);
-    gemv_run(P, sm, R, 4 * l + 2, [&](int row, float v) { P.gu[row] = v; });
-    mk_mark(step, m + 9);
-    grid_barrier(P.bar, bt);
+    gemv_run<kHold>(P, sm, R, 4 * l + 2, [&](int row, float v) { P.gu[row] = v; });
+    grid_barrier(P.bar, bt, step, m + 9);  // mark m + 9: the whole block has arrived
     mk_mark(step, m + 10);
 
     x_swiglu(P, sm);
     mk_mark(step, m + 11);
-    gemv_run(P, sm, R, 4 * l + 3, [&](int row, float v) { P.h[row] = ldcg(P.h + row) + v; });
-    mk_mark(step, m + 12);
-    grid_barrier(P.bar, bt);
+    gemv_run<kHold>(P, sm, R, 4 * l + 3, [&](int row, float v) { P.h[row] = ldcg(P.h + row) + v; });
+    grid_barrier(P.bar, bt, step, m + 12);  // mark m + 12: the whole block has arrived
     mk_mark(step, m + 13);
 }
 
 #ifdef MK_PROFILE
-// Block 0's phase timeline of step 1, as deltas in ns (one line per layer, then the head).
+// Block 0's phase timeline of step 1, as deltas in ns (one line per layer, then the head), then every block's
+// stamps relative to block 0's first (step 1's stamps are complete once block 0 is past step 1's last barrier).
 __device__ void print_profile(const Params& P) {
     if (blockIdx.x != 0 || threadIdx.x != 0 || P.n_steps < 2) return;
-    const unsigned long long* t = g_mk_prof;
+    const unsigned long long* t = g_mk_prof[0];
     printf("MKPROF layer: pro1 in bar1 mix bar2 pro2 out bar3 pro3 gu bar4 pro4 down bar5 (ns)\n");
     for (int l = 0; l < P.n_layers; ++l) {
         const int m = 1 + 14 * l;
@@ -123,9 +120,18 @@ __device__ void print_profile(const Params& P) {
     const int e = 1 + 14 * P.n_layers;
     printf("MKPROF head: norm %llu lm %llu argmax+bar %llu total %llu\n", t[e] - t[e - 1], t[e + 1] - t[e],
            t[e + 2] - t[e + 1], t[e + 2] - t[0]);
+    const int nb = min((int)gridDim.x, MK_PROF_BLOCKS);
+    printf("MKPB blocks %d marks %d\n", nb, e + 2);  // the last mark (after the final barrier) is left out
+    for (int b = 0; b < nb; ++b) {
+        printf("MKPB %d:", b);
+        for (int k = 0; k < e + 2; ++k) printf(" %lld", (long long)(g_mk_prof[b][k] - t[0]));
+        printf("\n");
+    }
 }
 #endif
 
+// kHold: when the weight ring refills (lb_mk_config_t.ring_hold; mk_gemv.cuh gemv_run).
+template <int kHold>
 __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
     Smem sm;
@@ -160,14 +166,14 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
         if (blockIdx.x == 0)
             for (int i = threadIdx.x; i < HID; i += THREADS) P.h[i] = bf16_to_f(P.embed[(size_t)tok * HID + i]);
         mk_mark(step, 0);
-        for (int l = 0; l < nl; ++l) layer_forward(P, sm, R, bt, l, pos, tok, step);
+        for (int l = 0; l < nl; ++l) layer_forward<kHold>(P, sm, R, bt, l, pos, tok, step);
 
         x_rmsnorm(P, sm, P.h, nullptr, P.out_norm);
         mk_mark(step, 1 + 14 * nl);
         float bv = -INFINITY;
         int bi = 0x7fffffff;
         float* logits = step == P.n_steps - 1 ? P.logits : nullptr;
-        gemv_run(P, sm, R, 4 * nl, [&](int row, float v) {
+        gemv_run<kHold>(P, sm, R, 4 * nl, [&](int row, float v) {
             if (logits) logits[row] = v;
             if (v > bv) { bv = v; bi = row; }  // rows arrive in increasing order: first max wins
         });
@@ -186,17 +192,22 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
 #endif
 }
 
+// Both instances have the same launch shape and shared memory; the occupancy query asks the plain one.
 int max_blocks_per_sm(size_t smem, int* out) {
-    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, decode_kernel, THREADS, smem);
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, decode_kernel<0>, THREADS, smem);
 }
 
 int prepare(size_t smem) {
-    return (int)cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(decode_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(decode_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return (int)e;
 }
 
-int launch(const Params& P, int n_blocks, cudaStream_t stream) {
+int launch(const Params& P, int n_blocks, int ring_hold, cudaStream_t stream) {
     void* args[] = {const_cast<Params*>(&P)};
-    return (int)cudaLaunchCooperativeKernel((const void*)decode_kernel, dim3(n_blocks), dim3(THREADS), args,
+    const void* k = ring_hold ? (const void*)decode_kernel<1> : (const void*)decode_kernel<0>;
+    return (int)cudaLaunchCooperativeKernel(k, dim3(n_blocks), dim3(THREADS), args,
                                            smem_bytes(P.wslots, P.slot_bytes), stream);
 }
 

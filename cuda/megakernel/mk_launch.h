@@ -10,6 +10,7 @@ namespace mk {
 
 int max_blocks_per_sm(size_t smem, int* out);
 int prepare(size_t smem);
-int launch(const Params& P, int n_blocks, cudaStream_t stream);
+// ring_hold 0 or 1 picks the kernel instance (lb_mk_config_t.ring_hold).
+int launch(const Params& P, int n_blocks, int ring_hold, cudaStream_t stream);
 
 }  // namespace mk

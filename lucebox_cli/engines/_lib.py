@@ -85,6 +85,7 @@ class MkConfig(ctypes.Structure):
         ("rope_theta", ctypes.c_float),
         ("ring_slots", c_int32),
         ("ring_slot_bytes", c_int32),
+        ("ring_hold", c_int32),
     ]
 
 

@@ -99,7 +99,8 @@ class MegakernelEngine:
 
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, np.ndarray], *, profile: Optional[str] = None,
                  max_context: int = 4096, n_blocks: int = 0, lib: Any = None, prof: Any = None,
-                 prefill_mode: str = "tensor-core", ring: Optional[tuple[int, int]] = None):
+                 prefill_mode: str = "tensor-core", ring: Optional[tuple[int, int]] = None,
+                 ring_hold: Optional[int] = None):
         if prefill_mode not in ("tensor-core", "decode"):
             raise UsageError(f"unknown prefill mode {prefill_mode!r}", hint="use 'tensor-core' or 'decode'")
         reason = unsupported_reason(cfg)
@@ -117,13 +118,14 @@ class MegakernelEngine:
         mk = prof.get("build.megakernel", {}) if prof is not None else {}
         from lucebox_cli.engines._lib import MkConfig
 
-        # the per-warp weight ring (slots, bytes per slot): the argument, else the profile's, else (0, 0) = the
-        # largest that fits the card's shared memory
+        # the per-warp weight ring (slots, bytes per slot) and when it refills (ring_hold): the argument, else the
+        # profile's, else (0, 0) = the largest that fits, refilled as slots free up
         slots, slot_bytes = ring if ring is not None else (mk.get("ring_slots", 0), mk.get("ring_slot_bytes", 0))
         c = MkConfig(n_layers=cfg.n_layers, vocab=cfg.vocab, max_context=self.max_context, n_blocks=int(n_blocks),
                      blocks_per_sm=int(mk.get("blocks_per_sm", 0)), threads=int(mk.get("threads", 0)), device=0,
                      rms_eps=float(cfg.eps), rope_theta=float(cfg.rope_theta), ring_slots=int(slots),
-                     ring_slot_bytes=int(slot_bytes))
+                     ring_slot_bytes=int(slot_bytes),
+                     ring_hold=int(mk.get("ring_hold", 0) if ring_hold is None else ring_hold))
         lib.call("lb_mk_create", ctypes.byref(c), ctypes.byref(self._handle))
         try:
             self._upload(weights)

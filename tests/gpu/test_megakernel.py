@@ -153,10 +153,13 @@ def test_verify_is_unavailable():
     gpu.close()
 
 
-@pytest.mark.parametrize("ring", [(2, 1024), (3, 1024), (2, 2048), (3, 2048), (2, 4096), (4, 2048), (8, 1024)])
-def test_named_weight_ring_gives_the_same_tokens(ring):
-    # the ring only changes how far ahead the weights are copied: tokens and logits must not move
-    cpu, gpu = engines(4, ring=ring)
+@pytest.mark.parametrize("ring,hold", [((2, 1024), 0), ((3, 1024), 0), ((2, 2048), 0), ((3, 2048), 0),
+                                       ((2, 4096), 0), ((4, 2048), 0), ((8, 1024), 0), ((2, 1024), 1),
+                                       ((3, 4096), 1), ((8, 1024), 1)])
+def test_named_weight_ring_gives_the_same_tokens(ring, hold):
+    # the ring (and when its refills are issued) only changes how far ahead the weights are copied: tokens and
+    # logits must not move
+    cpu, gpu = engines(4, ring=ring, ring_hold=hold)
     assert gpu.info["nslots"] == ring[0]
     prompt = [11, 2222, 33333, 4444, 55]
     ref0, want = cpu_greedy(cpu, prompt, 24)
@@ -173,3 +176,9 @@ def test_bad_weight_ring_is_refused(ring, match):
     cfg, w = model(4)
     with pytest.raises(LuceboxError, match=match):
         mkmod.MegakernelEngine(cfg, w, max_context=64, ring=ring, prefill_mode="decode")
+
+
+def test_bad_ring_hold_is_refused():
+    cfg, w = model(4)
+    with pytest.raises(LuceboxError, match="ring_hold 2; need 0 or 1"):
+        mkmod.MegakernelEngine(cfg, w, max_context=64, ring_hold=2, prefill_mode="decode")

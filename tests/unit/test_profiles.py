@@ -82,6 +82,7 @@ def test_env_profiles_dir(profile_dir: Path, monkeypatch):
         ("build.megakernel.threads", 4096, False, "build.megakernel.threads: must be between"),
         ("build.megakernel.ring_slots", 1, False, "build.megakernel.ring_slots: must be between"),
         ("build.megakernel.ring_slot_bytes", 512, False, "build.megakernel.ring_slot_bytes: must be between"),
+        ("build.megakernel.ring_hold", 2, False, "build.megakernel.ring_hold: must be between"),
         ("run.kv_cache_type", "f8", False, "run.kv_cache_type: must be one of"),
         ("run.budget", None, True, "run.budget: missing"),
         ("run.prefill_rows", 100, False, "run.prefill_rows: 100 is not a multiple of 64"),
@@ -114,6 +115,8 @@ def test_megakernel_ring_is_optional_tuning(profile_dir: Path):
     _edit(path, "build.megakernel.ring_slot_bytes", 2048, False)
     mk = load_profiles(profile_dir)["rtx3090-sm86"].get("build.megakernel")
     assert (mk["ring_slots"], mk["ring_slot_bytes"]) == (2, 2048)
+    _edit(path, "build.megakernel.ring_hold", 1, False)
+    assert load_profiles(profile_dir)["rtx3090-sm86"].get("build.megakernel")["ring_hold"] == 1
 
 
 def test_build_takes_extra_tuning_sections(profile_dir: Path):
