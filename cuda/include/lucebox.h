@@ -440,6 +440,14 @@ LB_API int lb_mk_read(void* handle, int what, int layer, void* host, uint64_t nb
  * LB_MK_READ_LOGITS / LB_MK_READ_HIDDEN buffers. logits (host [vocab]) and argmax_out may be NULL.
  * Blocks until done; lb_mk_last_time_ms then reports its GPU time. */
 LB_API int lb_mk_prefill_create(void* mk_handle, int max_chunk, void** prefill);
+/* Which GEMMs a prefill context runs, chosen once at creation (lb_mk_prefill_create is AUTO): */
+#define LB_PREFILL_GEMM_AUTO 0   /* cuBLAS when lb_cublas_load has loaded one and a handle starts, else OWN */
+#define LB_PREFILL_GEMM_OWN 1    /* cuda/ops/gemm_bf16.cu */
+#define LB_PREFILL_GEMM_CUBLAS 2 /* cuBLAS (lb_gemm_bf16_cublas's math), with fp32 scratch of 2 * max_chunk *
+                                    8224 floats; LB_ERR_NOT_FOUND when none is loaded */
+LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, int gemm, void** prefill);
+/* The GEMM path of a context: LB_PREFILL_GEMM_OWN or LB_PREFILL_GEMM_CUBLAS (-1 for NULL). A pure query. */
+LB_API int lb_mk_prefill_gemm(void* prefill);
 LB_API int lb_mk_prefill_free(void* prefill);
 LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n, float* logits, int32_t* argmax_out);
 

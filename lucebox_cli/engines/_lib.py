@@ -212,6 +212,8 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_mk_read": (c_int, [ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_uint64]),
     # tensor-core prefill (cuda/prefill/)
     "lb_mk_prefill_create": (c_int, [ctypes.c_void_p, c_int, POINTER(ctypes.c_void_p)]),
+    "lb_mk_prefill_create_ex": (c_int, [ctypes.c_void_p, c_int, c_int, POINTER(ctypes.c_void_p)]),
+    "lb_mk_prefill_gemm": (c_int, [ctypes.c_void_p]),
     "lb_mk_prefill_free": (c_int, [ctypes.c_void_p]),
     "lb_mk_prefill": (c_int, [ctypes.c_void_p, POINTER(c_int32), c_int, POINTER(ctypes.c_float), POINTER(c_int32)]),
     # dflash

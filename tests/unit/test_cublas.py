@@ -128,6 +128,31 @@ def test_loader_fails_cleanly_and_the_library_keeps_working():
     assert (loaded and lib_path) or (not loaded and all(s in reason for s in cublas.SONAMES))
 
 
+def test_prefill_create_ex_rejects_bad_arguments_without_a_gpu():
+    lib = _lib.open_lib(_built_lib_path())
+    handle = ctypes.c_void_p()
+    assert lib.fn.lb_mk_prefill_create_ex(None, 0, 0, ctypes.byref(handle)) == _lib.LB_ERR_INVALID_ARG
+    assert lib.fn.lb_mk_prefill_create_ex(ctypes.c_void_p(16), 0, 3, ctypes.byref(handle)) == _lib.LB_ERR_INVALID_ARG
+    assert "unknown GEMM path" in lib.last_error()
+    assert lib.fn.lb_mk_prefill_gemm(None) == -1
+
+
+def test_prefill_asked_for_cublas_without_one_is_engine_unavailable(monkeypatch):
+    """LUCEBOX_PREFILL_GEMM=cublas with LUCEBOX_CUBLAS=off fails before any context is made."""
+    from lucebox_cli.engines.prefill_tc import TensorCorePrefill
+
+    monkeypatch.setenv(cublas.CUBLAS_ENV, "off")
+    engine = SimpleNamespace(lib=SimpleNamespace(), cfg=SimpleNamespace(vocab=16), _handle=None)
+    with pytest.raises(EngineUnavailable, match="no cuBLAS loaded") as info:
+        TensorCorePrefill(engine, gemm="cublas")
+    assert cublas.CUBLAS_ENV in info.value.hint
+    monkeypatch.setenv(cublas.GEMM_ENV, "cublas")
+    with pytest.raises(EngineUnavailable):
+        TensorCorePrefill(engine)
+    with pytest.raises(UsageError):
+        TensorCorePrefill(engine, gemm="fastest")
+
+
 # A stand-in libcublas (and the libcublasLt it needs, as the real one does): enough symbols for the loader.
 _FAKE_LT = "int cublasLtFake(void) { return 0; }\n"
 _FAKE = r"""
