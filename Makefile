@@ -68,9 +68,10 @@ GIT_COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 
 _lib: $(OUT)/liblucebox.so
 
-# Static cudart: the .so needs only the driver (libcuda.so.1) at run time.
+# Static cudart: the .so needs only the driver (libcuda.so.1) at run time. -ldl: cuBLAS is dlopen()ed
+# when present (cuda/core/cublas_rt.cu), never linked.
 $(OUT)/liblucebox.so: $(OBJS)
-	$(NVCC) -shared -cudart static -arch=$(ARCH) $^ -o $@.tmp
+	$(NVCC) -shared -cudart static -arch=$(ARCH) $^ -o $@.tmp -ldl
 	mv -f $@.tmp $@
 
 # Objects rebuild when their source or an included header changes (-MMD), or when the flags do.

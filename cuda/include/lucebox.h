@@ -40,7 +40,8 @@ typedef enum lb_status {
     LB_ERR_CUDA = 4,         /* any other CUDA runtime error */
     LB_ERR_OUT_OF_MEMORY = 5,
     LB_ERR_UNSUPPORTED = 6,  /* not built for this arch, or a shape/type this op does not handle */
-    LB_ERR_INTERNAL = 7
+    LB_ERR_INTERNAL = 7,
+    LB_ERR_NOT_FOUND = 8     /* an optional run-time library (cuBLAS) is not loaded or lacks a symbol */
 } lb_status;
 
 /* ================================================================================================
@@ -107,6 +108,13 @@ LB_API int lb_set_pdl(int on);
 /* k % 32 == 0, n % 8 == 0, any m >= 1. */
 LB_API int lb_gemm_bf16(const void* x, const void* w, void* y, int m, int n, int k, int epilogue, void* stream);
 
+/* lb_gemm_bf16's contract (same arguments, epilogues and split X) through cuBLAS (lb_cublas_load first:
+ * LB_ERR_NOT_FOUND otherwise): one cublasGemmEx (bf16 inputs, fp32 compute and output) over both halves
+ * of a split x at once into fp32 scratch, then an epilogue kernel that adds the halves and applies the
+ * epilogue as gemm_bf16 does. y 16-byte aligned. A test entry: it makes a cuBLAS handle and scratch per
+ * call and blocks until done (the prefill keeps both in its context). */
+LB_API int lb_gemm_bf16_cublas(const void* x, const void* w, void* y, int m, int n, int k, int epilogue, void* stream);
+
 /* Device scratch bytes lb_deltanet_chunked needs for t tokens and h heads (0 for bad sizes). */
 LB_API uint64_t lb_deltanet_chunked_scratch_bytes(int t, int h);
 /* Chunked gated delta rule (chunk 64, fp32, dk = dv = 128), the math of cpu.py gated_delta_chunked.
@@ -168,6 +176,21 @@ LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows, int k, con
  * column tiles at every n = 33..64 (cuda/ops/gemm_q_smalln.cu,
  * docs/perf.md "small-N v2"). Process-wide; needs no GPU; other values fail with LB_ERR_INVALID_ARG. */
 LB_API int lb_qmm_smalln_select(int which);
+
+/* ---- cuBLAS at run time (cuda/core/cublas_rt.cu) -------------------------------------------------
+ * The toolkit that builds lucebox has no cuBLAS; GPU machines often have one (the nvidia-cublas Python
+ * wheels that torch installs). lb_cublas_load dlopen()s `path` (NULL or "": the sonames libcublas.so.13,
+ * libcublas.so.12, libcublas.so on the loader's search path; a libcublasLt.so.* beside a named path is
+ * opened first) and resolves cublasCreate_v2, cublasDestroy_v2, cublasSetStream_v2, cublasGemmEx (and
+ * cublasSetMathMode, cublasGetProperty when present). Process-wide, like the loader's own state: once one
+ * is loaded later calls return LB_OK and keep it; it is never unloaded. LB_ERR_NOT_FOUND (dlerror()'s
+ * reasons in lb_last_error) when nothing loads: a normal state, callers keep their own kernels. Needs
+ * no GPU. */
+LB_API int lb_cublas_load(const char* path);
+/* 1 when a cuBLAS is loaded, else 0 (a pure query). path (n bytes with the NUL; NULL: skipped) gets the
+ * file the loader opened ("" when none); *version (NULL: skipped) major*10000 + minor*100 + patch, 0 if
+ * unknown or none. */
+LB_API int lb_cublas_loaded(char* path, int n, int* version);
 
 /* ---- Device buffers (cuda/ops/dev_buffers.cu): for callers without another CUDA binding --------- */
 LB_API int lb_dev_alloc(uint64_t nbytes, void** out);
@@ -421,6 +444,14 @@ LB_API int lb_mk_read(void* handle, int what, int layer, void* host, uint64_t nb
  * LB_MK_READ_LOGITS / LB_MK_READ_HIDDEN buffers. logits (host [vocab]) and argmax_out may be NULL.
  * Blocks until done; lb_mk_last_time_ms then reports its GPU time. */
 LB_API int lb_mk_prefill_create(void* mk_handle, int max_chunk, void** prefill);
+/* Which GEMMs a prefill context runs, chosen once at creation (lb_mk_prefill_create is AUTO): */
+#define LB_PREFILL_GEMM_AUTO 0   /* cuBLAS when lb_cublas_load has loaded one and a handle starts, else OWN */
+#define LB_PREFILL_GEMM_OWN 1    /* cuda/ops/gemm_bf16.cu */
+#define LB_PREFILL_GEMM_CUBLAS 2 /* cuBLAS (lb_gemm_bf16_cublas's math), with fp32 scratch of 2 * max_chunk *
+                                    8224 floats; LB_ERR_NOT_FOUND when none is loaded */
+LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, int gemm, void** prefill);
+/* The GEMM path of a context: LB_PREFILL_GEMM_OWN or LB_PREFILL_GEMM_CUBLAS (-1 for NULL). A pure query. */
+LB_API int lb_mk_prefill_gemm(void* prefill);
 LB_API int lb_mk_prefill_free(void* prefill);
 LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n, float* logits, int32_t* argmax_out);
 

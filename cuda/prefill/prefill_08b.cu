@@ -12,12 +12,16 @@
 // attention (prep into the cache, flash) -> out-proj GEMM + residual -> RMSNorm -> gate/up GEMM with
 // SwiGLU -> down GEMM + residual. GEMM inputs are split bf16 (x ≈ hi + lo, two MMAs each: plain bf16
 // activations moved the 24-layer logits by ~2.6%), accumulation and everything between GEMMs is fp32.
+// The GEMMs run on our own kernel (cuda/ops/gemm_bf16.cu) or, chosen once when the context is made, on a
+// cuBLAS loaded at run time (cuda/ops/gemm_cublas.cu: one GEMM over both split halves into fp32 scratch,
+// then the same epilogues); lb_mk_prefill_gemm says which.
 #include <algorithm>
 #include <new>
 
 #include "../megakernel/mk_handle.h"
 #include "../ops/pf_ops.h"
 #include "lb_check.cuh"
+#include "lb_cublas.h"
 #include "lucebox.h"
 
 namespace {
@@ -40,7 +44,13 @@ struct Prefill {
     float* part_val = nullptr;
     int* part_idx = nullptr;
     int* am = nullptr;
+    int gemm = LB_PREFILL_GEMM_OWN;  // the GEMM path, fixed at creation
+    lb::cublasHandle_t blas = nullptr;
+    float* gemm_scr = nullptr;  // cuBLAS path: fp32 [2][Tm, GEMM_ROWS_MAX], both halves of a split GEMM
 };
+
+// The most output rows of one prefill GEMM (W rows): the DeltaNet in-projection.
+constexpr int GEMM_ROWS_MAX = std::max(std::max(mk::DN_IN, mk::AT_IN), std::max(2 * mk::FFN, mk::HID));
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -68,19 +78,35 @@ size_t carve(Prefill* P, char* base) {
     P->part_val = reinterpret_cast<float*>(take((size_t)P->n_part * 4));
     P->part_idx = reinterpret_cast<int*>(take((size_t)P->n_part * 4));
     P->am = reinterpret_cast<int*>(take(4));
+    // 2 * Tm * 8224 floats on the cuBLAS path (128.5 MiB at Tm = 2048), nothing on ours
+    const size_t scr = pf::gemm_cublas_scratch_bytes((int)Tm, GEMM_ROWS_MAX, pf::EPI_F32, true);
+    P->gemm_scr = reinterpret_cast<float*>(take(P->gemm == LB_PREFILL_GEMM_CUBLAS ? scr : 0));
     return off;
 }
 
 #define PF_TRY(expr) LB_CUDA_TRY((cudaError_t)(expr))
+// for calls that return an lb_status with its message already recorded
+#define LB_TRY(expr)                        \
+    do {                                    \
+        const int lb_st_ = (expr);          \
+        if (lb_st_ != LB_OK) return lb_st_; \
+    } while (0)
+
+// Y = X · Wᵀ with a split X on the context's GEMM path (an lb_status).
+int gemm(Prefill* P, const uint16_t* X, const uint16_t* W, void* Y, int T, int N, int K, int epi) {
+    const cudaStream_t s = P->H->stream;
+    if (P->gemm == LB_PREFILL_GEMM_CUBLAS) return pf::gemm_cublas(P->blas, X, W, Y, T, N, K, epi, true, P->gemm_scr, s);
+    PF_TRY(pf::gemm_bf16(X, W, Y, T, N, K, epi, true, P->sm_count, s));
+    return LB_OK;
+}
 
 int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0) {
     mk::Handle* H = P->H;
     const cudaStream_t s = H->stream;
     const float eps = H->cfg.rms_eps;
-    const int sms = P->sm_count;
     PF_TRY(pf::rmsnorm_bf16(P->h, L.norm1, P->xb, T, mk::HID, eps, s));
     if (!L.is_attn) {
-        PF_TRY(pf::gemm_bf16(P->xb, L.w_in, P->y, T, mk::DN_IN, mk::HID, pf::EPI_F32, true, sms, s));
+        LB_TRY(gemm(P, P->xb, L.w_in, P->y, T, mk::DN_IN, mk::HID, pf::EPI_F32));
         PF_TRY(pf::dn_conv_prep(P->y, mk::DN_IN, L.conv_state, L.conv_w, L.ssm_a, L.dt_bias, P->q, P->k, P->v, P->g,
                                 P->beta, T, pos0, s));
         PF_TRY(pf::dn_ring_write(P->y, mk::DN_IN, L.conv_state, T, pos0, s));
@@ -88,17 +114,17 @@ int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0) {
         PF_TRY(pf::dn_gated_norm(P->o, P->y + mk::DN_QKV, mk::DN_IN, L.ssm_norm, P->xb, T, eps, s));
     } else {
         const int mc = H->cfg.max_context;
-        PF_TRY(pf::gemm_bf16(P->xb, L.w_in, P->y, T, mk::AT_IN, mk::HID, pf::EPI_F32, true, sms, s));
+        LB_TRY(gemm(P, P->xb, L.w_in, P->y, T, mk::AT_IN, mk::HID, pf::EPI_F32));
         PF_TRY(pf::attn_prep(P->y, mk::AT_IN, L.q_norm, L.k_norm, P->q, L.kc, L.vc, T, pos0, mk::AT_HQ, mk::AT_HKV, mc,
                              eps, H->cfg.rope_theta, s));
         // the gate of head h sits right after its q in the interleaved rows: offset 256, head stride 512
         PF_TRY(pf::attn_flash(P->q, L.kc, L.vc, P->y + mk::AT_D, mk::AT_IN, 2 * mk::AT_D, P->xb, T, pos0, mk::AT_HQ,
                               mk::AT_HKV, mc, s));
     }
-    PF_TRY(pf::gemm_bf16(P->xb, L.w_out, P->h, T, mk::HID, mk::DN_Z, pf::EPI_RESID, true, sms, s));
+    LB_TRY(gemm(P, P->xb, L.w_out, P->h, T, mk::HID, mk::DN_Z, pf::EPI_RESID));
     PF_TRY(pf::rmsnorm_bf16(P->h, L.norm2, P->xb, T, mk::HID, eps, s));
-    PF_TRY(pf::gemm_bf16(P->xb, L.w_gu, P->act, T, mk::FFN, mk::HID, pf::EPI_SWIGLU, true, sms, s));
-    PF_TRY(pf::gemm_bf16(P->act, L.w_down, P->h, T, mk::HID, mk::FFN, pf::EPI_RESID, true, sms, s));
+    LB_TRY(gemm(P, P->xb, L.w_gu, P->act, T, mk::FFN, mk::HID, pf::EPI_SWIGLU));
+    LB_TRY(gemm(P, P->act, L.w_down, P->h, T, mk::HID, mk::FFN, pf::EPI_RESID));
     return LB_OK;
 }
 
@@ -114,12 +140,27 @@ int segment(Prefill* P, const int32_t* tokens, int T, int pos0) {
     return LB_OK;
 }
 
+// The GEMM path of a new context: cuBLAS when asked (or, for AUTO, when one is loaded) and a handle starts
+// on the handle's stream. AUTO falls back to our kernel and leaves the reason in lb_last_error.
+int choose_gemm(Prefill* P, int want) {
+    P->gemm = LB_PREFILL_GEMM_OWN;
+    if (want == LB_PREFILL_GEMM_OWN || (want == LB_PREFILL_GEMM_AUTO && !lb::cublas_api())) return LB_OK;
+    const int st = lb::cublas_handle_create(P->H->stream, &P->blas);
+    if (st == LB_OK) P->gemm = LB_PREFILL_GEMM_CUBLAS;
+    return want == LB_PREFILL_GEMM_CUBLAS ? st : LB_OK;
+}
+
 }  // namespace
 
 extern "C" LB_API int lb_mk_prefill_create(void* mk_handle, int max_chunk, void** prefill) {
+    return lb_mk_prefill_create_ex(mk_handle, max_chunk, LB_PREFILL_GEMM_AUTO, prefill);
+}
+
+extern "C" LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, int gemm, void** prefill) {
     LB_CHECK_ARG(mk_handle && prefill, "null argument");
     *prefill = nullptr;
     LB_CHECK_ARG(max_chunk >= 0 && max_chunk <= (1 << 16), "max_chunk out of range");
+    LB_CHECK_ARG(gemm >= LB_PREFILL_GEMM_AUTO && gemm <= LB_PREFILL_GEMM_CUBLAS, "unknown GEMM path");
     LB_API_BEGIN
     mk::Handle* H = static_cast<mk::Handle*>(mk_handle);
     Prefill* P = new Prefill();
@@ -129,11 +170,14 @@ extern "C" LB_API int lb_mk_prefill_create(void* mk_handle, int max_chunk, void*
     int st = LB_OK;
     auto fail = [&](int status) {
         cudaFree(P->blob);
+        lb::cublas_handle_destroy(P->blas);
         delete P;
         return status;
     };
     if (cudaSetDevice(H->cfg.device) != cudaSuccess)
         return fail(lb::set_cuda_error(cudaGetLastError(), "cudaSetDevice", __FILE__, __LINE__));
+    st = choose_gemm(P, gemm);
+    if (st != LB_OK) return fail(st);
     cudaError_t e = cudaDeviceGetAttribute(&P->sm_count, cudaDevAttrMultiProcessorCount, H->cfg.device);
     if (e == cudaSuccess) e = (cudaError_t)pf::gemm_bf16_prepare();
     if (e == cudaSuccess) e = (cudaError_t)pf::dn_prepare();
@@ -150,8 +194,13 @@ extern "C" LB_API int lb_mk_prefill_free(void* prefill) {
     if (!prefill) return LB_OK;
     Prefill* P = static_cast<Prefill*>(prefill);
     cudaFree(P->blob);
+    lb::cublas_handle_destroy(P->blas);
     delete P;
     return LB_OK;
+}
+
+extern "C" LB_API int lb_mk_prefill_gemm(void* prefill) {
+    return prefill ? static_cast<Prefill*>(prefill)->gemm : -1;
 }
 
 extern "C" LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n, float* logits, int32_t* argmax_out) {

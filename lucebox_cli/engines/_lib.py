@@ -37,6 +37,7 @@ LB_ERR_CUDA = 4
 LB_ERR_OUT_OF_MEMORY = 5
 LB_ERR_UNSUPPORTED = 6
 LB_ERR_INTERNAL = 7
+LB_ERR_NOT_FOUND = 8
 STATUS_NAMES = {
     LB_OK: "LB_OK",
     LB_ERR_INVALID_ARG: "LB_ERR_INVALID_ARG",
@@ -46,6 +47,7 @@ STATUS_NAMES = {
     LB_ERR_OUT_OF_MEMORY: "LB_ERR_OUT_OF_MEMORY",
     LB_ERR_UNSUPPORTED: "LB_ERR_UNSUPPORTED",
     LB_ERR_INTERNAL: "LB_ERR_INTERNAL",
+    LB_ERR_NOT_FOUND: "LB_ERR_NOT_FOUND",
 }
 
 
@@ -121,6 +123,8 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_set_pdl": (c_int, [c_int]),
     # ops
     "lb_gemm_bf16": (c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, c_int, c_int, c_int, c_int, ctypes.c_void_p]),
+    "lb_gemm_bf16_cublas": (c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, c_int, c_int, c_int, c_int,
+                                    ctypes.c_void_p]),
     "lb_deltanet_chunked_scratch_bytes": (c_uint64, [c_int, c_int]),
     "lb_deltanet_chunked": (c_int, [ctypes.c_void_p] * 8 + [c_int, c_int, ctypes.c_void_p]),
     "lb_attn_prefill": (c_int, [ctypes.c_void_p] * 4 + [c_int, c_int, ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),
@@ -137,6 +141,9 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
                                      ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p]),
     "lb_bench_qmm": (c_int, [c_int, c_int, c_int, c_int, c_int, POINTER(ctypes.c_float)]),
     "lb_qmm_smalln_select": (c_int, [c_int]),
+    # cuBLAS at run time (cuda/core/cublas_rt.cu); the path buffer of lb_cublas_loaded is a create_string_buffer
+    "lb_cublas_load": (c_int, [c_char_p]),
+    "lb_cublas_loaded": (c_int, [c_char_p, c_int, POINTER(c_int)]),
     # device buffers (cuda/ops/dev_buffers.cu)
     "lb_dev_alloc": (c_int, [c_uint64, POINTER(ctypes.c_void_p)]),
     "lb_dev_free": (c_int, [ctypes.c_void_p]),
@@ -206,6 +213,8 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_mk_read": (c_int, [ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_uint64]),
     # tensor-core prefill (cuda/prefill/)
     "lb_mk_prefill_create": (c_int, [ctypes.c_void_p, c_int, POINTER(ctypes.c_void_p)]),
+    "lb_mk_prefill_create_ex": (c_int, [ctypes.c_void_p, c_int, c_int, POINTER(ctypes.c_void_p)]),
+    "lb_mk_prefill_gemm": (c_int, [ctypes.c_void_p]),
     "lb_mk_prefill_free": (c_int, [ctypes.c_void_p]),
     "lb_mk_prefill": (c_int, [ctypes.c_void_p, POINTER(c_int32), c_int, POINTER(ctypes.c_float), POINTER(c_int32)]),
     # dflash
@@ -275,6 +284,8 @@ def _status_error(status: int, message: str) -> LuceboxError:
         return UsageError(message)
     if status == LB_ERR_UNSUPPORTED:
         return ProfileMismatch(message, hint="rebuild for this GPU: make build PROFILE=…")
+    if status == LB_ERR_NOT_FOUND:
+        return EngineUnavailable(message, hint="set LUCEBOX_CUBLAS=/path/to/libcublas.so.N, or LUCEBOX_PREFILL_GEMM=own")
     return LuceboxError(message, hint="rerun with LUCEBOX_DEBUG=1 and report it")
 
 

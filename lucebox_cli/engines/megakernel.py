@@ -5,6 +5,9 @@ the next step's input); tokens land in host-visible memory, so `decode_stream` c
 launch runs. Prefill runs the tensor-core path (cuda/prefill/, `prefill_tc.TensorCorePrefill`) by
 default; `prefill_mode="decode"` feeds the prompt through the decode kernel one token per step instead
 (slow, but the simplest path that writes exactly the state decode reads: the tests' reference).
+The tensor-core prefill's GEMMs run on cuBLAS when one loads at run time (engines/cublas.py; knobs
+LUCEBOX_PREFILL_GEMM=auto|own|cublas and LUCEBOX_CUBLAS=off|path), else on our own kernel; `info`
+records which ("prefill_gemm", "cublas"), and so does every bench row's engine_info.
 Speculative verify/commit are not supported by the 0.8B megakernel (EngineUnavailable).
 
 The kernel is specialised for the 0.8B widths; only the layer count and the vocabulary may differ
@@ -100,7 +103,7 @@ class MegakernelEngine:
     def __init__(self, cfg: Qwen35Config, weights: Mapping[str, np.ndarray], *, profile: Optional[str] = None,
                  max_context: int = 4096, n_blocks: int = 0, lib: Any = None, prof: Any = None,
                  prefill_mode: str = "tensor-core", ring: Optional[tuple[int, int]] = None,
-                 ring_hold: Optional[int] = None):
+                 ring_hold: Optional[int] = None, prefill_gemm: Optional[str] = None):
         if prefill_mode not in ("tensor-core", "decode"):
             raise UsageError(f"unknown prefill mode {prefill_mode!r}", hint="use 'tensor-core' or 'decode'")
         reason = unsupported_reason(cfg)
@@ -132,11 +135,17 @@ class MegakernelEngine:
             if prefill_mode == "tensor-core":
                 from lucebox_cli.engines.prefill_tc import TensorCorePrefill
 
-                self._tc_prefill = TensorCorePrefill(self)
+                self._tc_prefill = TensorCorePrefill(self, gemm=prefill_gemm)
         except BaseException:
             self.close()
             raise
         self.info = self._info()
+        tc = self._tc_prefill
+        self.info["prefill_gemm"] = tc.gemm if tc is not None else None
+        self.info["cublas"] = (f"{tc.cublas.path} ({tc.cublas.version or 'version unknown'})"
+                               if tc is not None and tc.cublas.loaded else None)
+        if tc is not None and tc.note:
+            self.info["prefill_gemm_note"] = tc.note
 
     # -- setup --
 
@@ -152,7 +161,7 @@ class MegakernelEngine:
             host = to_bf16_bits(array) if is_mat else np.ascontiguousarray(array, dtype=np.float32)
             self.lib.call("lb_mk_set_weight", self._handle, kind, layer, host.ctypes.data, host.nbytes)
 
-    def _info(self) -> dict[str, int]:
+    def _info(self) -> dict[str, Any]:
         from lucebox_cli.engines._lib import MkInfo
 
         info = MkInfo()

@@ -4,6 +4,10 @@
 in segments) that borrows the engine's megakernel handle: close it before the engine. `run(tokens)`
 appends the tokens at the engine's position and writes the K/V cache, conv ring, recurrent state and
 pending token exactly as the decode kernel reads them, so `engine.decode(n)` continues from it.
+
+Its GEMMs run on our own kernel or on a cuBLAS loaded at run time (engines/cublas.py), chosen once here:
+`gemm` ("auto", "own", "cublas"; default LUCEBOX_PREFILL_GEMM, else auto = cuBLAS when one loads).
+`.gemm` says which path runs, `.cublas` what was found, `.note` why auto fell back to our kernel.
 """
 
 from __future__ import annotations
@@ -13,15 +17,29 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from lucebox_cli.errors import UsageError
+from lucebox_cli.engines import cublas
+from lucebox_cli.errors import EngineUnavailable, UsageError
 
 
 class TensorCorePrefill:
-    def __init__(self, engine: Any, max_chunk: int = 0):
+    def __init__(self, engine: Any, max_chunk: int = 0, gemm: Optional[str] = None):
         self.lib = engine.lib
         self.vocab = int(engine.cfg.vocab)
         self._ctx = ctypes.c_void_p()
-        self.lib.call("lb_mk_prefill_create", engine._handle, int(max_chunk), ctypes.byref(self._ctx))
+        want = cublas.gemm_mode({cublas.GEMM_ENV: gemm} if gemm is not None else None)
+        self.cublas = cublas.load(self.lib) if want != "own" else cublas.CublasStatus(False, reason="not asked")
+        if want == "cublas" and not self.cublas.loaded:
+            raise EngineUnavailable(f"{cublas.GEMM_ENV}=cublas but no cuBLAS loaded: {self.cublas.reason}",
+                                    hint=f"set {cublas.CUBLAS_ENV}=/path/to/libcublas.so.N, or use auto / own")
+        mode = cublas.GEMM_MODES[want] if self.cublas.loaded else cublas.GEMM_MODES["own"]
+        self.lib.call("lb_mk_prefill_create_ex", engine._handle, int(max_chunk), mode, ctypes.byref(self._ctx))
+        self.gemm = cublas.GEMM_NAMES[int(self.lib.fn.lb_mk_prefill_gemm(self._ctx))]
+        self.note: Optional[str] = None
+        if self.cublas.loaded and self.gemm == "own":
+            # auto with a cuBLAS that would not start here (lb_last_error says why)
+            self.note = f"cuBLAS loaded but not used: {self.lib.last_error()}"
+        elif want == "auto" and not self.cublas.loaded:
+            self.note = f"no cuBLAS: {self.cublas.reason}"
 
     def run(self, token_ids: Sequence[int], *, want_logits: bool = True) -> tuple[int, Optional[np.ndarray]]:
         """(argmax of the last position, its logits [vocab] or None)."""

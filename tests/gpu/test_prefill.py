@@ -3,7 +3,9 @@
 Each op against a numpy reference at odd sizes with NaN-poisoned outputs (device buffers through
 torch); then the whole 0.8B prefill at the real widths with random weights against the CPU engine
 (last logits AND the state it leaves: recurrent state, conv ring, K/V cache), and decode after the
-tensor-core prefill against decode after the megakernel's own token-by-token prefill.
+tensor-core prefill against decode after the megakernel's own token-by-token prefill. The GEMMs run on
+both paths: our kernel ("own") and a cuBLAS loaded at run time ("cublas", skipped where none is found:
+engines/cublas.py says where it looks; LUCEBOX_CUBLAS=/path names one).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import functools
 import numpy as np
 import pytest
 
+from lucebox_cli.engines import cublas as cublas_mod
 from lucebox_cli.engines import megakernel as mkmod
 from lucebox_cli.engines.cpu import CPUEngine, gated_delta_recurrent
 from lucebox_cli.engines.prefill_tc import TensorCorePrefill
+from lucebox_cli.errors import EngineUnavailable
 from lucebox_cli.models.qwen35 import ATTENTION, DELTANET, Qwen35Config
 
 pytestmark = pytest.mark.gpu
@@ -38,6 +42,31 @@ def bf16(x: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def lib():
     return mkmod.open_gpu()[0]
+
+
+@pytest.fixture(scope="module")
+def cublas_lib(lib):
+    """The library with a cuBLAS loaded, or a skip saying what was tried."""
+    status = cublas_mod.load(lib)
+    if not status.loaded:
+        pytest.skip(f"no cuBLAS: {status.reason}")
+    print(f"cuBLAS {status.version} from {status.path}")
+    return lib
+
+
+GEMM_PATHS = ["own", "cublas"]
+
+
+def prefill_for(engine, gemm: str, **kw) -> TensorCorePrefill:
+    """A TensorCorePrefill on GEMM path `gemm` (a skip for cublas where none loads)."""
+    try:
+        pf = TensorCorePrefill(engine, gemm=gemm, **kw)
+    except EngineUnavailable as err:
+        if gemm == "cublas":
+            pytest.skip(err.message)
+        raise
+    assert pf.gemm == gemm, pf.note
+    return pf
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +161,59 @@ def test_gemm_bf16(lib, torch, m, n, k, flags):
     err = rel_rms(got, ref)
     # fp32 accumulation order only (the split SwiGLU output keeps ~16 significant bits)
     assert err < 1e-5, err
+
+
+# the prefill's split shapes at odd M, every epilogue, plus plain X
+_CUBLAS_CASES = [(m, n, k, epi | S) for m in (1, 37, 520)
+                 for n, k, epi in ((8224, 1024, GEMM_F32), (1024, 2048, GEMM_RESID), (3584, 1024, GEMM_SWIGLU),
+                                   (1024, 3584, GEMM_RESID))] + [
+    (37, 5120, 1024, GEMM_F32), (129, 1024, 96, GEMM_RESID), (200, 1000, 96, GEMM_SWIGLU), (3, 8, 32, GEMM_F32 | S)]
+
+
+def _run_gemm(lib, torch, name, dx, dw, y0, m, n, flags):
+    """Output of `name` (lb_gemm_bf16 or lb_gemm_bf16_cublas) on NaN-poisoned (or y0 for RESID) outputs."""
+    epi = flags & ~S
+    if epi == GEMM_RESID:
+        dy = dev(torch, y0)
+    else:
+        dy = nan_bf16(torch, 2, m, n) if epi == GEMM_SWIGLU else nan_f32(torch, m, n)
+    lib.call(name, ptr(dx), ptr(dw), ptr(dy), m, n, dx.shape[-1], flags, None)
+    torch.cuda.synchronize()
+    return from_split(dy.cpu().numpy().view(np.uint16)) if epi == GEMM_SWIGLU else dy.cpu().numpy()
+
+
+@pytest.mark.parametrize("m,n,k,flags", [pytest.param(*c, id=_gemm_id(c)) for c in _CUBLAS_CASES])
+def test_gemm_bf16_cublas(cublas_lib, torch, m, n, k, flags):
+    """lb_gemm_bf16_cublas against a float64 reference and against lb_gemm_bf16 on the same inputs."""
+    lib = cublas_lib
+    epi, split_x = flags & ~S, bool(flags & S)
+    rng = np.random.default_rng(m * 11 + n + k + flags)
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    xbits = split_bf16(x) if split_x else mkmod.to_bf16_bits(x)
+    x = from_split(xbits) if split_x else bf16(x)
+    rows = 2 * n if epi == GEMM_SWIGLU else n
+    w = bf16(rng.standard_normal((rows, k), dtype=np.float32) / np.float32(np.sqrt(k)))
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    if epi == GEMM_SWIGLU:
+        g, u = ref[:, :n], ref[:, n:]
+        ref = g / (1.0 + np.exp(-g)) * u
+    y0 = rng.standard_normal((m, n), dtype=np.float32)
+    if epi == GEMM_RESID:
+        ref = ref + y0
+    dx, dw = dev(torch, xbits), dev(torch, mkmod.to_bf16_bits(w))
+    got = _run_gemm(lib, torch, "lb_gemm_bf16_cublas", dx, dw, y0, m, n, flags)
+    own = _run_gemm(lib, torch, "lb_gemm_bf16", dx, dw, y0, m, n, flags)
+    assert np.isfinite(got).all(), "unwritten (NaN) outputs"
+    err, vs_own = rel_rms(got, ref), rel_rms(got, own)
+    print(f"cuBLAS vs float64 {err:.2e}, vs lb_gemm_bf16 {vs_own:.2e}")
+    # fp32 accumulation order only (the split SwiGLU output keeps ~16 significant bits)
+    assert err < 1e-5 and vs_own < 1e-5, (err, vs_own)
+
+
+def test_gemm_bf16_cublas_refuses_bad_shapes(cublas_lib, torch):
+    d = torch.zeros(4096, dtype=torch.float32, device="cuda")
+    assert cublas_lib.fn.lb_gemm_bf16_cublas(ptr(d), ptr(d), ptr(d), 4, 16, 40, S, None) == 1  # K % 32
+    assert cublas_lib.fn.lb_gemm_bf16_cublas(ptr(d), ptr(d), ptr(d, 4), 4, 16, 32, S, None) == 1  # y alignment
 
 
 # ---- deltanet_chunked ----------------------------------------------------------------------------
@@ -245,19 +327,32 @@ def check_state(cpu: CPUEngine, gpu, n: int, tol: float = 1e-2) -> None:
     print("worst state errors:", {k: f"{v:.2e}" for k, v in worst.items()})
 
 
-def test_prefill_matches_cpu_engine_24_layers():
+@functools.lru_cache(maxsize=1)
+def cpu_prefill_24(n: int, seed: int) -> tuple[CPUEngine, np.ndarray]:
+    """The CPU engine after prefilling n random tokens and its last logits (shared by both GEMM paths: it
+    is slow; the tests only read its state)."""
+    cfg, w = model(24)
+    cpu = CPUEngine(cfg, w, max_context=MAX_CTX)
+    return cpu, cpu.prefill(np.random.default_rng(seed).integers(0, cfg.vocab, n))
+
+
+@pytest.mark.parametrize("gemm", GEMM_PATHS)
+def test_prefill_matches_cpu_engine_24_layers(gemm):
     cfg, w = model(24)
     prompt = np.random.default_rng(1).integers(0, cfg.vocab, 520)
-    cpu = CPUEngine(cfg, w, max_context=MAX_CTX)
-    ref = cpu.prefill(prompt)
-    gpu = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX)
-    pf = TensorCorePrefill(gpu)
+    cpu, ref = cpu_prefill_24(520, 1)
+    gpu = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX, prefill_mode="decode")
+    try:
+        pf = prefill_for(gpu, gemm)
+    except BaseException:
+        gpu.close()
+        raise
     try:
         gpu.poison()
         am, got = pf.run(prompt)
         assert np.isfinite(got).all(), "unwritten or NaN logits"
         err = rel_rms(got, ref)
-        print(f"pp520 last logits relative RMS vs CPU: {err:.2e}")
+        print(f"pp520 last logits relative RMS vs CPU ({gemm} GEMMs): {err:.2e}")
         assert err < 1e-2
         assert am == int(np.argmax(got)) and gpu.pending == am and gpu.n_past == 520
         assert np.array_equal(gpu.read(mkmod.READ_LOGITS), got)
@@ -267,17 +362,23 @@ def test_prefill_matches_cpu_engine_24_layers():
         gpu.close()
 
 
-def test_decode_after_prefill_equals_decode_only_24_layers():
+@pytest.mark.parametrize("gemm", GEMM_PATHS)
+def test_decode_after_prefill_equals_decode_only_24_layers(gemm):
     cfg, w = model(24)
     prompt = np.random.default_rng(2).integers(0, cfg.vocab, 200)
-    a = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX)
+    a = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX, prefill_mode="decode")
     b = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX, prefill_mode="decode")
-    pf = TensorCorePrefill(a)
+    try:
+        pf = prefill_for(a, gemm)
+    except BaseException:
+        a.close()
+        b.close()
+        raise
     try:
         la = pf.run(prompt)[1]
         lb = b.prefill(prompt)
         err = rel_rms(la, lb)
-        print(f"prefill logits, tensor-core vs decode kernel: {err:.2e}")
+        print(f"prefill logits, tensor-core ({gemm} GEMMs) vs decode kernel: {err:.2e}")
         assert err < 1e-2
         feed = [int(np.argmax(lb))] + np.random.default_rng(3).integers(0, cfg.vocab, 15).tolist()
         worst = 0.0
@@ -294,15 +395,20 @@ def test_decode_after_prefill_equals_decode_only_24_layers():
         b.close()
 
 
-def test_segmented_prefill_after_decode_4_layers():
+@pytest.mark.parametrize("gemm", GEMM_PATHS)
+def test_segmented_prefill_after_decode_4_layers(gemm):
     """Prompt, one decode step, then a prompt longer than max_chunk: the hand-offs between the two
     kernels (conv ring, state, cache rows) and between segments, against the CPU engine."""
     cfg, w = model4()
     rng = np.random.default_rng(4)
     p1, p2 = rng.integers(0, cfg.vocab, 37), rng.integers(0, cfg.vocab, 150)
     cpu = CPUEngine(cfg, w, max_context=MAX_CTX)
-    gpu = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX)
-    pf = TensorCorePrefill(gpu, max_chunk=64)
+    gpu = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX, prefill_mode="decode")
+    try:
+        pf = prefill_for(gpu, gemm, max_chunk=64)
+    except BaseException:
+        gpu.close()
+        raise
     try:
         assert rel_rms(pf.run(p1)[1], cpu.prefill(p1)) < 1e-2
         assert rel_rms(gpu.step(777), cpu.step(777)) < 1e-2
@@ -349,3 +455,21 @@ def test_prefill_refuses_overflow_and_bad_tokens():
     finally:
         pf.close()
         gpu.close()
+
+
+def test_engine_reports_its_prefill_gemm():
+    """The engine's info (every bench row's engine_info) names the GEMM path its prefill runs."""
+    cfg, w = model4()
+    own = mkmod.MegakernelEngine(cfg, w, max_context=64, prefill_gemm="own")
+    try:
+        assert own.info["prefill_gemm"] == "own" and own.info["cublas"] is None
+    finally:
+        own.close()
+    auto = mkmod.MegakernelEngine(cfg, w, max_context=64)
+    try:
+        status = cublas_mod.load(auto.lib)
+        assert auto.info["prefill_gemm"] in ("own", "cublas")
+        assert (auto.info["prefill_gemm"] == "cublas") == (status.loaded and not auto.info.get("prefill_gemm_note"))
+        print("auto:", auto.info["prefill_gemm"], auto.info["cublas"], auto.info.get("prefill_gemm_note"))
+    finally:
+        auto.close()

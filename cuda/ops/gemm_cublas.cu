@@ -1,0 +1,131 @@
+// gemm_bf16's contract through cuBLAS (loaded at run time, cuda/core/cublas_rt.cu): Y = X[M,K] · W[N,K]ᵀ
+// with the prefill's epilogues, for Hopper, where our mma.sync kernel reaches only part of the tensor rate.
+//
+// A split X is [2][M][K] (hi rows, then lo rows, contiguous), so it is one [2M, K] matrix: ONE
+// cublasGemmEx computes both halves into fp32 scratch S [2M, N'] (N' = N, or 2N for SwiGLU: gate columns
+// then up columns), and an epilogue kernel adds the halves and applies gemm_bf16's epilogue with the same
+// arithmetic (fp32 sum, residual add, SiLU(gate) * up split into a bf16 hi/lo pair). cuBLAS is column-
+// major: row-major S = X·Wᵀ is column-major Sᵀ (N' x 2M) = op_T(W as K x N') · (X as K x 2M), lda = ldb = K.
+#include <cstdint>
+
+#include "lb_check.cuh"
+#include "lb_cublas.h"
+#include "lucebox.h"
+#include "pf_common.cuh"
+#include "pf_ops.h"
+
+namespace pf {
+namespace {
+
+constexpr int EPI_THREADS = 256;
+
+// 4 output columns per thread; S rows have ld floats (16-byte aligned: ld % 8 == 0).
+template <int EPI, int PARTS>
+__global__ void __launch_bounds__(EPI_THREADS) epilogue_kernel(const float* __restrict__ S, void* __restrict__ Y, int M,
+                                                               int N) {
+    const int n4 = N / 4;
+    const long long i = (long long)blockIdx.x * EPI_THREADS + threadIdx.x;
+    if (i >= (long long)M * n4) return;
+    const int row = (int)(i / n4), col = (int)(i % n4) * 4;
+    const size_t ld = EPI == EPI_SWIGLU ? 2 * (size_t)N : (size_t)N;
+    // columns c..c+3 of this row, the hi and lo products added
+    auto sum = [&](int c) {
+        float4 v = __ldg(reinterpret_cast<const float4*>(S + row * ld + c));
+        if (PARTS == 2) {
+            const float4 w = __ldg(reinterpret_cast<const float4*>(S + ((size_t)M + row) * ld + c));
+            v.x += w.x;
+            v.y += w.y;
+            v.z += w.z;
+            v.w += w.w;
+        }
+        return v;
+    };
+    if (EPI == EPI_SWIGLU) {
+        const float4 g = sum(col), u = sum(N + col);
+        uint32_t h0, l0, h1, l1;
+        split_bf2(siluf_(g.x) * u.x, siluf_(g.y) * u.y, h0, l0);
+        split_bf2(siluf_(g.z) * u.z, siluf_(g.w) * u.w, h1, l1);
+        uint16_t* yp = static_cast<uint16_t*>(Y) + (size_t)row * N + col;
+        *reinterpret_cast<uint2*>(yp) = make_uint2(h0, h1);
+        *reinterpret_cast<uint2*>(yp + (size_t)M * N) = make_uint2(l0, l1);
+    } else {
+        float4* p = reinterpret_cast<float4*>(static_cast<float*>(Y) + (size_t)row * N + col);
+        float4 v = sum(col);
+        if (EPI == EPI_RESID) {
+            const float4 o = *p;
+            v.x += o.x;
+            v.y += o.y;
+            v.z += o.z;
+            v.w += o.w;
+        }
+        *p = v;
+    }
+}
+
+template <int PARTS>
+void launch_epilogue(const float* S, void* Y, int M, int N, int epi, cudaStream_t s) {
+    const long long n = (long long)M * (N / 4);
+    const unsigned blocks = (unsigned)((n + EPI_THREADS - 1) / EPI_THREADS);
+    if (epi == EPI_F32) epilogue_kernel<EPI_F32, PARTS><<<blocks, EPI_THREADS, 0, s>>>(S, Y, M, N);
+    else if (epi == EPI_RESID) epilogue_kernel<EPI_RESID, PARTS><<<blocks, EPI_THREADS, 0, s>>>(S, Y, M, N);
+    else epilogue_kernel<EPI_SWIGLU, PARTS><<<blocks, EPI_THREADS, 0, s>>>(S, Y, M, N);
+}
+
+}  // namespace
+
+size_t gemm_cublas_scratch_bytes(int M, int N, int epi, bool split_x) {
+    const size_t cols = epi == EPI_SWIGLU ? 2 * (size_t)N : (size_t)N;
+    return (split_x ? 2 : 1) * (size_t)M * cols * sizeof(float);
+}
+
+int gemm_cublas(void* handle, const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi,
+                bool split_x, float* scratch, cudaStream_t s) {
+    const lb::CublasApi* api = lb::cublas_api();
+    if (!api) return lb::set_error(LB_ERR_NOT_FOUND, "gemm_cublas: cuBLAS is not loaded (lb_cublas_load)");
+    const int rows = epi == EPI_SWIGLU ? 2 * N : N;  // output columns of the GEMM (W rows)
+    const int cols = (split_x ? 2 : 1) * M;          // X rows, both halves
+    const float alpha = 1.0f, beta = 0.0f;
+    const lb::cublasStatus_t st =
+        api->gemm_ex(handle, lb::CUBLAS_OP_T, lb::CUBLAS_OP_N, rows, cols, K, &alpha, W, CUDA_R_16BF, K, X, CUDA_R_16BF,
+                     K, &beta, scratch, CUDA_R_32F, rows, lb::CUBLAS_COMPUTE_32F, lb::CUBLAS_GEMM_DEFAULT);
+    if (st != lb::CUBLAS_STATUS_SUCCESS)
+        return lb::set_error(LB_ERR_CUDA, "cublasGemmEx (%d x %d x %d) failed: %s (%d)", cols, rows, K,
+                             lb::cublas_status_name(st), st);
+    if (split_x) launch_epilogue<2>(scratch, Y, M, N, epi, s);
+    else launch_epilogue<1>(scratch, Y, M, N, epi, s);
+    LB_LAUNCH_TRY();
+    return LB_OK;
+}
+
+}  // namespace pf
+
+extern "C" LB_API int lb_gemm_bf16_cublas(const void* x, const void* w, void* y, int m, int n, int k, int epilogue,
+                                          void* stream) {
+    LB_CHECK_ARG(x && w && y, "null pointer");
+    LB_CHECK_ARG(m >= 1 && n >= 8 && k >= 32, "shape too small");
+    LB_CHECK_ARG(k % 32 == 0, "K must be a multiple of 32");
+    LB_CHECK_ARG(n % 8 == 0, "N must be a multiple of 8");
+    LB_CHECK_ARG(((uintptr_t)y & 15) == 0, "y must be 16-byte aligned");
+    const int epi = epilogue & ~LB_GEMM_SPLIT_X;
+    LB_CHECK_ARG(epi >= LB_GEMM_F32 && epi <= LB_GEMM_SWIGLU, "unknown epilogue");
+    const bool split = (epilogue & LB_GEMM_SPLIT_X) != 0;
+    if (!lb::cublas_api()) return lb::set_error(LB_ERR_NOT_FOUND, "lb_gemm_bf16_cublas: cuBLAS is not loaded");
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    lb::cublasHandle_t h = nullptr;
+    int st = lb::cublas_handle_create(s, &h);
+    if (st != LB_OK) return st;
+    float* scratch = nullptr;
+    const char* what = "cudaMalloc (scratch)";
+    cudaError_t e = cudaMalloc(&scratch, pf::gemm_cublas_scratch_bytes(m, n, epi, split));
+    if (e == cudaSuccess) {
+        st = pf::gemm_cublas(h, static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w), y, m, n, k, epi,
+                             split, scratch, s);
+        what = "cudaStreamSynchronize";
+        e = cudaStreamSynchronize(s);
+    }
+    cudaFree(scratch);
+    lb::cublas_handle_destroy(h);
+    if (st != LB_OK) return st;
+    if (e != cudaSuccess) return lb::set_cuda_error(e, what, __FILE__, __LINE__);
+    return LB_OK;
+}
