@@ -73,12 +73,13 @@ if [ -z "${SKIP_PROFILE:-}" ]; then  # kernel timeline of one step and one verif
 fi
 
 # AB_ENV="VAR=a VAR=b ...": the same bench (no depth row) once per assignment, for A/B runs of a runtime knob
+# (an assignment may set several knobs at once: "A=0,B=0")
 # (e.g. LUCEBOX_GEMV_PREFETCH=0, LUCEBOX_PDL=1); AB_PDL=1 is AB_ENV=LUCEBOX_PDL=1.
 AB_ENV=${AB_ENV:-${AB_PDL:+LUCEBOX_PDL=1}}
 for ab in ${AB_ENV:-}; do
   tag=$(echo "$ab" | tr -c 'A-Za-z0-9_\n' '_')
   echo "== bench speed, $ab (A/B)" | tee -a "$S"
-  env "$ab" timeout "${BENCH_TIMEOUT:-220}" "${LB[@]}" bench speed "$F" --engine cuda -p 520 -n 128 --verify-n 23 -r 3 \
+  env ${ab//,/ } timeout "${BENCH_TIMEOUT:-220}" "${LB[@]}" bench speed "$F" --engine cuda -p 520 -n 128 --verify-n 23 -r 3 \
     --json > "$OUT/bench27_$tag.json" 2> "$OUT/bench27_$tag.log"
   echo "bench ($ab) rc=$?" | tee -a "$S"
   python3 - "$OUT/bench27_$tag.json" "$ab" <<'PY' 2>> "$OUT/bench27_$tag.log" | tee -a "$S"

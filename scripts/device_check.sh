@@ -86,7 +86,7 @@ timeout 90 python3 tests/gpu/test_quant_gemv.py --bench > "$OUT/quant_gemv.log" 
 tail -22 "$OUT/quant_gemv.log" | tee -a "$S"
 for ab in ${AB_ENV:-}; do  # the n = 1 K-quant rows again under each A/B assignment (see device_27b.sh)
   echo "== GEMV rows, $ab" | tee -a "$S"
-  env "$ab" timeout 60 python3 tests/gpu/test_quant_gemv.py --gemv-bench > "$OUT/quant_gemv_$(echo "$ab" | tr -c 'A-Za-z0-9_\n' '_').log" 2>&1
+  env ${ab//,/ } timeout 60 python3 tests/gpu/test_quant_gemv.py --gemv-bench > "$OUT/quant_gemv_$(echo "$ab" | tr -c 'A-Za-z0-9_\n' '_').log" 2>&1
   tail -24 "$OUT/quant_gemv_$(echo "$ab" | tr -c 'A-Za-z0-9_\n' '_').log" | tee -a "$S"
 done
 
