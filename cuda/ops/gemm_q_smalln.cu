@@ -117,6 +117,33 @@ int rows_launch(int sel, const void* w, int64_t n_rows, int k, const float* x, i
                                                                                       accumulate, s, out);
 }
 
+// Whether v4 in shape D keeps at least the warps per SM of the v1 choice on this device (blocks per SM from the
+// occupancy API: registers and shared memory). On the H200 it has 16-24 against 12-16; on the sm_86 (100 KB of
+// shared memory per SM) Q6_K's tiles fit one 8-warp block where v1 fits two, and there v1 stays. Once per device
+// and instance.
+template <int QT, int NT, typename Out>
+bool rows_fit() {
+    static std::atomic<int> known[kMaxDevices];  // 0: not yet, 1: v4, 2: v1
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+    int k = known[dev].load(std::memory_order_relaxed);
+    if (k == 0) {
+        QmmConfig r, v;
+        bool ok = smalln_config<QT, NT, 1, 8, kRowsMinBlocksD<QT, NT>, false, Out, true, true>(r) == LB_OK;
+        int v1_warps = 0;
+        if constexpr (kShippedShape<QT, NT> == 1) {
+            ok = ok && smalln_config<QT, NT, 2, 4, kMinBlocksB<QT, NT>, false, Out, false, true>(v) == LB_OK;
+            v1_warps = 4 * v.grid_per_sm;
+        } else {
+            ok = ok && smalln_config<QT, NT, 1, 8, 2, false, Out, false, true>(v) == LB_OK;
+            v1_warps = 8 * v.grid_per_sm;
+        }
+        k = ok && 8 * r.grid_per_sm >= v1_warps ? 1 : 2;
+        known[dev].store(k, std::memory_order_relaxed);
+    }
+    return k == 1;
+}
+
 // Whether the shipped choice (select 0, and the segmented op unless select 12) takes the v4 kernel.
 template <int QT>
 bool use_rows(int sel) {
@@ -132,7 +159,8 @@ int staged_or_register(int sel, const void* w, int64_t n_rows, int k, const floa
     const int shape = sel >= 2 && sel < kSelectV1Loads ? sel - 2 : kShippedShape<QT, NT>;
     if (shape < 0) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s);
     if constexpr (kHasRows<QT>)
-        if (sel == 0 && use_rows<QT>(sel)) return rows_launch<QT, NT>(kSelectRowsD, w, n_rows, k, x, n, y, accumulate, s);
+        if (sel == 0 && use_rows<QT>(sel) && rows_fit<QT, NT, PlainOut>())
+            return rows_launch<QT, NT>(kSelectRowsD, w, n_rows, k, x, n, y, accumulate, s);
     return staged_launch<QT, NT>(shape, w, n_rows, k, x, n, y, accumulate, s);
 }
 
@@ -185,7 +213,7 @@ template <int QT, int NT>
 int seg_staged(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s,
                const SegOut& sg) {
     if constexpr (kHasRows<QT>)
-        if (use_rows<QT>(g_select.load(std::memory_order_relaxed)))
+        if (use_rows<QT>(g_select.load(std::memory_order_relaxed)) && rows_fit<QT, NT, SegOut>())
             return rows_launch<QT, NT, SegOut>(kSelectRowsD, w, n_rows, k, x, n, y, accumulate, s, sg);
     if constexpr (kShippedShape<QT, NT> == 1)
         return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>, false, SegOut>(w, n_rows, k, x, n, y, accumulate,
