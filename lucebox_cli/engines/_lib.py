@@ -136,6 +136,13 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
                                      ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p]),
     "lb_bench_qmm": (c_int, [c_int, c_int, c_int, c_int, c_int, POINTER(ctypes.c_float)]),
     "lb_qmm_smalln_select": (c_int, [c_int]),
+    # fp16 dequantization and the cuBLAS quantized GEMM (cuda/ops/dequant_f16.cu, gemm_q_cublas.cu)
+    "lb_dequant_f16": (c_int, [c_int, ctypes.c_void_p, ctypes.c_int64, c_int, ctypes.c_int64, ctypes.c_int64,
+                               ctypes.c_void_p, ctypes.c_void_p]),
+    "lb_blas_ready": (c_int, []),
+    "lb_gemm_q_cublas_scratch_bytes": (c_uint64, [c_int, c_int, ctypes.c_int64]),
+    "lb_gemm_q_cublas": (c_int, [c_int, ctypes.c_void_p, ctypes.c_int64, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p,
+                                 c_int, ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     # device buffers (cuda/ops/dev_buffers.cu)
     "lb_dev_alloc": (c_int, [c_uint64, POINTER(ctypes.c_void_p)]),
     "lb_dev_free": (c_int, [ctypes.c_void_p]),
