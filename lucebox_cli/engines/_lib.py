@@ -352,6 +352,21 @@ def open_lib(path: Path, profile: Optional[str] = None) -> Lib:
     return Lib(path=path, cdll=_open(str(path), path.stat().st_mtime_ns), profile=profile)
 
 
+def cublas_ready(lib: Any) -> bool:
+    """Whether the library's lb::blas (cuda/core/cublas_gemm.cuh) can run cuBLAS GEMMs now: lb_blas_ready(),
+    False for a library (or test double) without it. Never raises.
+
+    The one place the engines ask. With this branch's stub (cuda/core/cublas_gemm_stub.cu) it is always False.
+    Where the run-time loader lands (branch `cublas`: engines/cublas.py, lb_cublas_load), load it here first,
+    `cublas.load(lib)` (once per process; LUCEBOX_CUBLAS=off keeps it unloaded), then ask lb_blas_ready."""
+    fn = getattr(lib, "fn", None)
+    probe = getattr(fn, "lb_blas_ready", None) if fn is not None else None
+    try:
+        return bool(probe()) if probe is not None else False
+    except (OSError, TypeError, ValueError):
+        return False
+
+
 def compiled_archs(lib: Lib) -> list[str]:
     return list(lib.build_info().get("archs", []))
 
