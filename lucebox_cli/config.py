@@ -99,6 +99,9 @@ _SCHEMA: tuple[_Field, ...] = (
     _Field("run.max_context", "int", lo=256, hi=1 << 22),
     # rows of one 27B prefill pass (a multiple of 64; more rows: fewer, longer launches, more activation memory)
     _Field("run.prefill_rows", "int", required=False, lo=64, hi=1024),
+    # rows of one 27B prefill pass when its wide GEMMs run through cuBLAS (absent: run.prefill_rows); each pass
+    # dequantizes the weights to fp16 once, so longer passes pay that less often
+    _Field("run.prefill_rows_cublas", "int", required=False, lo=64, hi=1024),
 )
 # Sections whose keys are all listed above (a typo there is an error). `build` also takes extra
 # sub-sections of tuning values for other kernels (numbers, strings, or lists of them).
@@ -129,6 +132,7 @@ class RunDefaults:
     kv_cache_type: str
     max_context: int
     prefill_rows: int = 64  # the default of run.prefill_rows (engines/memory_plan.py takes it from here)
+    prefill_rows_cublas: Optional[int] = None  # run.prefill_rows_cublas; None: prefill_rows
 
 
 @dataclass(frozen=True)
@@ -228,7 +232,8 @@ def load_profile_file(path: Path) -> Profile:
         arch=build["arch"],
         gencode=build["gencode"],
         run=RunDefaults(budget=run["budget"], kv_cache_type=run["kv_cache_type"], max_context=run["max_context"],
-                        prefill_rows=run.get("prefill_rows", RunDefaults.prefill_rows)),
+                        prefill_rows=run.get("prefill_rows", RunDefaults.prefill_rows),
+                        prefill_rows_cublas=run.get("prefill_rows_cublas")),
         data=_freeze(doc),
     )
 
@@ -386,9 +391,10 @@ def _validate(path: Path, doc: Mapping[str, Any]) -> None:
         fail("build.arch", f"{doc['build']['arch']} does not match compute_capability {cc[0]}.{cc[1]}")
     if f"compute_{m.group(1)}{m.group(2)}" not in doc["build"]["gencode"]:
         fail("build.gencode", f"does not name compute_{m.group(1)}{m.group(2)}")
-    rows = doc["run"].get("prefill_rows", RunDefaults.prefill_rows)
-    if rows % 64:
-        fail("run.prefill_rows", f"{rows} is not a multiple of 64 (the quantized GEMMs take 64 columns at a time)")
+    for key in ("prefill_rows", "prefill_rows_cublas"):
+        rows = doc["run"].get(key, RunDefaults.prefill_rows)
+        if rows % 64:
+            fail(f"run.{key}", f"{rows} is not a multiple of 64 (the quantized GEMMs take 64 columns at a time)")
     for pattern in doc["hardware"]["gpu_names"]:
         try:
             re.compile(pattern)

@@ -192,6 +192,27 @@ LB_API int lb_cublas_load(const char* path);
  * unknown or none. */
 LB_API int lb_cublas_loaded(char* path, int n, int* version);
 
+/* ---- fp16 dequantization and the cuBLAS quantized GEMM (cuda/ops/dequant_f16.cu, gemm_q_cublas.cu) --------
+ * For wide products (the 27B prefill's passes of hundreds of rows): dequantize W to fp16 once per call, then
+ * tensor-core GEMMs through cuBLAS, loaded at run time (cuda/core/cublas_gemm.cuh). */
+/* out_f16 [rows, k] (fp16, row-major, 16-byte aligned) = rows [row0, row0 + rows) of W [n_rows, k] of qtype
+ * in the device layout (n_rows: the whole tensor's, which places the trailing d arrays of Q6_K / Q8_0). Each
+ * value is ggml's dequantization in fp32 (the gguf package's numbers) rounded to fp16 (RN), bit for bit. */
+LB_API int lb_dequant_f16(int qtype, const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, void* out_f16,
+                          void* stream);
+/* 1 when a cuBLAS is loaded (lb_cublas_load) and a handle starts on the current device, else 0. */
+LB_API int lb_blas_ready(void);
+/* Scratch bytes of lb_gemm_q_cublas for n columns and fp16 weight chunks of chunk_rows rows:
+ * align256(2·n·k) + align256(2·chunk_rows·k) (0 for a bad shape). */
+LB_API uint64_t lb_gemm_q_cublas_scratch_bytes(int n, int k, int64_t chunk_rows);
+/* lb_gemm_q_smalln's product and layouts (x fp32 [n, k], y fp32 [n, n_rows], both token-major; accumulate 0:
+ * y = W·x, 1: y += W·x) for any n >= 1: x to fp16 in the scratch, then per row chunk (as many rows as the rest
+ * of the scratch holds, a multiple of 128 when shorter than W) lb_dequant_f16 and one cublasGemmEx (fp16 in,
+ * fp32 accumulate). scratch: 256-byte aligned, at least lb_gemm_q_cublas_scratch_bytes(n, k, 1) bytes. x 16-byte
+ * aligned. LB_ERR_NOT_FOUND "cuBLAS not loaded" (before any CUDA work) when lb_blas_ready() is 0. */
+LB_API int lb_gemm_q_cublas(int qtype, const void* w, int64_t n_rows, int k, const float* x, int n, float* y,
+                            int accumulate, void* scratch, uint64_t scratch_bytes, void* stream);
+
 /* ---- Device buffers (cuda/ops/dev_buffers.cu): for callers without another CUDA binding --------- */
 LB_API int lb_dev_alloc(uint64_t nbytes, void** out);
 LB_API int lb_dev_free(void* ptr);

@@ -144,6 +144,13 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     # cuBLAS at run time (cuda/core/cublas_rt.cu); the path buffer of lb_cublas_loaded is a create_string_buffer
     "lb_cublas_load": (c_int, [c_char_p]),
     "lb_cublas_loaded": (c_int, [c_char_p, c_int, POINTER(c_int)]),
+    # fp16 dequantization and the cuBLAS quantized GEMM (cuda/ops/dequant_f16.cu, gemm_q_cublas.cu)
+    "lb_dequant_f16": (c_int, [c_int, ctypes.c_void_p, ctypes.c_int64, c_int, ctypes.c_int64, ctypes.c_int64,
+                               ctypes.c_void_p, ctypes.c_void_p]),
+    "lb_blas_ready": (c_int, []),
+    "lb_gemm_q_cublas_scratch_bytes": (c_uint64, [c_int, c_int, ctypes.c_int64]),
+    "lb_gemm_q_cublas": (c_int, [c_int, ctypes.c_void_p, ctypes.c_int64, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p,
+                                 c_int, ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     # device buffers (cuda/ops/dev_buffers.cu)
     "lb_dev_alloc": (c_int, [c_uint64, POINTER(ctypes.c_void_p)]),
     "lb_dev_free": (c_int, [ctypes.c_void_p]),
@@ -355,6 +362,25 @@ def open_lib(path: Path, profile: Optional[str] = None) -> Lib:
     if not path.is_file():
         raise EngineUnavailable(f"{path} is not built", hint=f"make build PROFILE={profile or path.parent.name}")
     return Lib(path=path, cdll=_open(str(path), path.stat().st_mtime_ns), profile=profile)
+
+
+def cublas_ready(lib: Any) -> bool:
+    """Whether the library's lb::blas (cuda/core/cublas_gemm.cuh) can run cuBLAS GEMMs now: loads a cuBLAS first
+    (engines/cublas.py: once per process; LUCEBOX_CUBLAS=off keeps it unloaded), then asks lb_blas_ready(). False
+    for a library (or test double) without it. Never raises. The one place the 27B engine asks."""
+    fn = getattr(lib, "fn", None)
+    probe = getattr(fn, "lb_blas_ready", None) if fn is not None else None
+    if probe is None:
+        return False
+    try:
+        if hasattr(fn, "lb_cublas_load"):
+            from lucebox_cli.engines import cublas
+
+            if not cublas.load(lib).loaded:  # also LUCEBOX_CUBLAS=off after another engine loaded one
+                return False
+        return bool(probe())
+    except (OSError, TypeError, ValueError, LuceboxError):
+        return False
 
 
 def compiled_archs(lib: Lib) -> list[str]:

@@ -34,9 +34,14 @@ without waiting and reads each token after its event. Steps already queued when 
 run: they are counted in n_past (the device state includes them), and only the tokens up to the stop are
 returned (a generation ends there; the next one resets the engine).
 
-What is not built yet, said rather than hidden: prefill runs in passes of prefill_rows rows (the profile's
-run.prefill_rows) whose GEMMs go 64 columns at a time through the small-N quantized GEMM (a tensor-core GEMM
-over the whole pass does not exist yet), logits come back to
+Prefill GEMMs (prefill_gemm_path, decided once at creation; LUCEBOX_PREFILL_GEMM=auto|own|cublas, the 0.8B
+prefill's knob too): "own" runs them 64 columns at a time through the small-N quantized GEMM, in passes of the
+profile's run.prefill_rows; "cublas" runs products of at least memory_plan.CUBLAS_MIN_ROWS columns through
+lb_gemm_q_cublas (weights dequantized to fp16, then cublasGemmEx) in passes of run.prefill_rows_cublas, with
+its scratch in the memory plan; narrower passes (a prompt's tail), verifies and decode steps stay on small-N.
+auto is cublas when the library's cuBLAS is loaded (_lib.cublas_ready), else own.
+
+What is not built yet, said rather than hidden: logits come back to
 the host for every row a sampling (T > 0) caller needs, captured tap features are kept on the host (`features`,
 `last_verify_features`, as engines/cpu.py keeps them), prefill and commit are not graphed.
 """
@@ -74,6 +79,27 @@ AHEAD = 8  # greedy steps the host keeps queued
 def graphs_default() -> bool:
     """use_graphs at engine creation: on unless LUCEBOX_GRAPHS=0."""
     return os.environ.get("LUCEBOX_GRAPHS", "1") != "0"
+
+
+GEMM_ENV = "LUCEBOX_PREFILL_GEMM"
+GEMM_MODES = ("auto", "own", "cublas")
+
+
+def prefill_gemm_path(lib: Any, env: Optional[dict] = None) -> str:
+    """'cublas' or 'own': the 27B prefill's wide GEMMs, from LUCEBOX_PREFILL_GEMM (auto, own or cublas; default
+    auto = cublas when the library's cuBLAS is ready). cublas without a loaded cuBLAS is an error, not a fallback."""
+    from lucebox_cli.engines import _lib
+
+    mode = (env if env is not None else os.environ).get(GEMM_ENV, "").strip().lower() or "auto"
+    if mode not in GEMM_MODES:
+        raise UsageError(f"{GEMM_ENV}={mode!r} is not a prefill GEMM path", hint="use auto, own or cublas")
+    if mode == "own":
+        return "own"
+    ready = _lib.cublas_ready(lib)
+    if mode == "cublas" and not ready:
+        raise EngineUnavailable(f"{GEMM_ENV}=cublas but no cuBLAS is loaded in this library",
+                                hint=f"unset {GEMM_ENV} (auto) or set it to own")
+    return "cublas" if ready else "own"
 
 
 def open_gpu(profile: Optional[str] = None) -> tuple[Any, Any]:
@@ -133,11 +159,17 @@ class DFlashTargetEngine:
         if lib is None:
             lib, prof = open_gpu(profile)
         self.lib, self.profile = lib, prof
-        # rows of one prefill pass: the argument, else the profile's run.prefill_rows, else 64
+        # rows of one prefill pass: the argument, else the profile's run.prefill_rows (run.prefill_rows_cublas
+        # with the cuBLAS GEMMs, when it says), else 64
         run = getattr(prof, "run", None)
-        self.prefill_rows = mp.check_prefill_rows(prefill_rows or getattr(run, "prefill_rows", mp.PREFILL_ROWS))
+        cublas = prefill_gemm_path(lib) == "cublas"
+        rows = getattr(run, "prefill_rows_cublas", None) if cublas else None
+        self.prefill_rows = mp.check_prefill_rows(prefill_rows or rows or getattr(run, "prefill_rows",
+                                                                                  mp.PREFILL_ROWS))
+        # the path is on only where a pass can be wide enough for it (else it costs no scratch)
+        self.prefill_gemm = "cublas" if mp.cublas_on(cublas, self.prefill_rows) else "own"
         self.plan = mp.plan(cfg, self.model, context=self.max_context, budget=self.budget,
-                            prefill_rows=self.prefill_rows)
+                            prefill_rows=self.prefill_rows, cublas=self.prefill_gemm == "cublas")
         card = card_bytes if card_bytes is not None else int(lib.device_props(0)["total_mem_bytes"])
         mp.fit(self.plan, card, getattr(prof, "name", "") or f"{card / 1e9:.0f} GB")
         self.stats = EngineStats()
@@ -150,7 +182,7 @@ class DFlashTargetEngine:
         self._use_graphs, self._graph_ready, self._card = False, False, card
         try:
             mats, vecs = self._upload(entries)
-            self._bufs = self._carve()
+            self._bufs = self._carve(mats)
             self._stream = self._new_stream()
             self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context, self._stream)
             self._tied_emb = mats.get("token_embd.weight")
@@ -161,7 +193,8 @@ class DFlashTargetEngine:
         self._embed = EmbeddingRows(self.model, cfg)
         self.info = {"weight_bytes": arena_bytes(entries), "plan_bytes": self.plan.total, "budget": self.budget,
                      "max_context": self.max_context, "upload_s": round(self.load_s, 2),
-                     "cuda_graphs": self.use_graphs}  # in every bench row: a run says how it was made
+                     "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
+                     "prefill_rows": self.prefill_rows}  # in every bench row: a run says how it was made
         self.last_verify_ms: Optional[float] = None
         self.reset()
 
@@ -183,10 +216,11 @@ class DFlashTargetEngine:
         self.load_s = time.perf_counter() - t0
         return mats, vecs
 
-    def _carve(self) -> Buffers:
+    def _carve(self, mats: dict[str, Mat]) -> Buffers:
         cfg = self.cfg
-        blist = mp.buffer_list(cfg, context=self.max_context, budget=self.budget, prefill_rows=self.prefill_rows)
-        self._check_scratch_sizes(blist)
+        blist = mp.buffer_list(cfg, context=self.max_context, budget=self.budget, prefill_rows=self.prefill_rows,
+                               cublas=self.prefill_gemm == "cublas")
+        self._check_scratch_sizes(blist, mats)
         arena = _Arena(self.lib, sum(b.nbytes for b in blist))
         self._arenas.append(arena)
         ptr = {b.name: arena.take(b.nbytes) for b in blist}
@@ -194,6 +228,9 @@ class DFlashTargetEngine:
         self._state = [(ptr[b.name], b.nbytes) for b in blist if b.category in ("deltanet_state", "conv_state")]
         bufs = Buffers(**{k: ptr[k] for k in ("x", "h", "proj", "act", "qf", "gdn_scratch", "tree_q", "tree_o",
                                               "saves", "partials", "logits", "topk_scratch", "topk_ids", "parents", "positions", "masks", "path")})
+        if "gemm_scratch" in ptr:  # lb_gemm_q_cublas's scratch (the cuBLAS prefill GEMMs)
+            sizes = {b.name: b.nbytes for b in blist}
+            bufs.gemm_scratch, bufs.gemm_scratch_bytes = ptr["gemm_scratch"], sizes["gemm_scratch"]
         self._gstate, self._tokbuf = ptr["gstate"], ptr["tokens"]
         # parents .. tokens sit back to back (buffer_list's order): a verify uploads them in one copy
         index = [b for b in blist if b.category == "tree_index"]
@@ -263,7 +300,7 @@ class DFlashTargetEngine:
         self._h2d(arena.base, np.ascontiguousarray(device_bytes(e, self.model.raw(e.name))))
         self._emb_dev = Mat(arena.base, e.qtype, cfg.vocab, cfg.hidden)
 
-    def _check_scratch_sizes(self, blist) -> None:
+    def _check_scratch_sizes(self, blist, mats: dict[str, Mat]) -> None:
         """The plan's copies of the ops' scratch formulas must cover what the library asks for."""
         fn = getattr(self.lib, "fn", None)
         if fn is None or not hasattr(fn, "lb_gdn_prefill_scratch_bytes"):
@@ -274,6 +311,10 @@ class DFlashTargetEngine:
                                    fn.lb_gdn_step_scratch_bytes(1, cfg.hk, cfg.hv)),
                 "partials": max(fn.lb_attn_partials_bytes(1, cfg.n_heads, mp.ATTN_SPLITS_ONE),
                                 fn.lb_attn_partials_bytes(rows, cfg.n_heads, mp.ATTN_SPLITS_MANY))}
+        if "gemm_scratch" in have and hasattr(fn, "lb_gemm_q_cublas_scratch_bytes"):
+            # every layer matrix (not the LM head: its prefill product is one row) dequantized in one chunk
+            need["gemm_scratch"] = max(fn.lb_gemm_q_cublas_scratch_bytes(rows, m.k, m.rows)
+                                       for name, m in mats.items() if name.startswith("blk."))
         for name, n in need.items():
             if n > have[name]:
                 raise LuceboxError(f"internal: the memory plan gives {name} {have[name]} bytes, the ops need {n}")

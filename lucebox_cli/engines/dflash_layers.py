@@ -10,7 +10,9 @@ engines/cpu.py computes it:
     x += down(SiLU(gate h) * up h)
 
 Projections read quantized weights (lb_gemv_q for one row, lb_gemm_q_smalln for 2..64 rows, 64 columns at
-a time above that; outputs [t, rows] token-major) and every one of them accumulates (accumulate = 1): the output projections of
+a time above that; with the cuBLAS prefill GEMM on (`Buffers.gemm_scratch`), lb_gemm_q_cublas for passes of
+at least memory_plan.CUBLAS_MIN_ROWS rows, one call per matrix; outputs [t, rows] token-major) and every one of
+them accumulates (accumulate = 1): the output projections of
 the mixer and the MLP add straight into x, which is the residual add, and the projections that write a
 fresh output (the mixer's and the MLP's inputs, the LM head) add onto zeros that the RMSNorm before
 them cleared in its own launch (lb_df_rmsnorm's zero ranges), so no cudaMemsetAsync and its launch
@@ -49,7 +51,7 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE, CHUNK
+from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE, CHUNK, CUBLAS_MIN_ROWS
 from lucebox_cli.models.qwen35 import Qwen35Config
 
 F32 = 4
@@ -109,6 +111,9 @@ class Buffers:
     path: int  # int32 [CHUNK]
     gdn: dict[int, GdnLayer] = field(default_factory=dict)
     attn: dict[int, AttnLayer] = field(default_factory=dict)
+    # lb_gemm_q_cublas's scratch (0: the cuBLAS prefill GEMM is off)
+    gemm_scratch: int = 0
+    gemm_scratch_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -221,6 +226,12 @@ class Layers:
         # inside capture(): the C library copies the tables into the graph's kernel arguments at capture, but a
         # CPU emulation of graphs may replay the calls later, so captured tables are kept like recorded ones
         self._capturing = False
+        # products of at least this many columns go through lb_gemm_q_cublas when its scratch is there; above CHUNK,
+        # so verifies and decode steps (the captured passes) never call cuBLAS
+        self.cublas_min_rows = max(CUBLAS_MIN_ROWS, CHUNK + 1)
+
+    def _cublas(self, t: int) -> bool:
+        return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
 
     def _call(self, name: str, *args: Any) -> None:
         if self._rec is not None:
@@ -265,6 +276,10 @@ class Layers:
         if t == 1:
             self._call("lb_gemv_q", w.qtype, w.ptr, w.rows, w.k, x, y, 1, self.stream)
             return
+        if self._cublas(t):
+            self._call("lb_gemm_q_cublas", w.qtype, w.ptr, w.rows, w.k, x, t, y, 1, self.b.gemm_scratch,
+                       self.b.gemm_scratch_bytes, self.stream)
+            return
         for c0 in range(0, t, CHUNK):
             n = min(CHUNK, t - c0)
             self._call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x + c0 * w.k * F32, n, y + c0 * w.rows * F32,
@@ -278,7 +293,12 @@ class Layers:
         gaps); at t > 1 (token-major [t, rows] outputs, one region per matrix) one lb_gemm_q_smalln_seg per 64
         columns, which sends each matrix's rows to its own output. Why: each launch pays a fixed cost before its
         bytes (~4.7 µs at t = 1 on the 27B's FFN matrices, ~9 µs at t = 23; H200 fits, docs/perf.md). Q6_K/Q8_0
-        keep one launch each: their device layout puts the fp16 scales after each tensor's blocks."""
+        keep one launch each: their device layout puts the fp16 scales after each tensor's blocks. On the cuBLAS path
+        (wide passes) each matrix is its own call: one GEMM per matrix, whose outputs are separate regions."""
+        if self._cublas(t):
+            for name, y in zip(names, ys):
+                self.matmul(name, x, y, t)
+            return
         groups: list[list[int]] = []
         for i, name in enumerate(names):
             prev = groups[-1][-1] if groups else None

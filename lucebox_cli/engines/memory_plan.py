@@ -14,7 +14,7 @@ Items: target weights (token_embd stays on the host when the head is untied: the
 the few rows it embeds from the memory-mapped file), the f16 K/V cache of the attention layers, the
 DeltaNet recurrent (fp32) and conv states, the verify/prefill scratch for a tree budget (per-row
 activations, the per-layer tree inputs kept until commit, branch states, attention partials, logits
-rows × vocab fp32), the draft's weights, its context K/V cache and its scratch, and a margin for the
+rows × vocab fp32), with the cuBLAS prefill GEMM on (`cublas=True`) its fp16 scratch, the draft's weights, its context K/V cache and its scratch, and a margin for the
 CUDA context, module images and allocator slack.
 """
 
@@ -39,6 +39,13 @@ PREFILL_ROWS = RunDefaults.prefill_rows  # rows of one prefill pass unless the p
 ATTN_SPLITS_ONE = 64  # split-KV blocks per kv head for a single query (decode)
 ATTN_SPLITS_MANY = 16  # for prefill chunks and tree verify
 D = 128  # DeltaNet dk = dv, the only size the ops take
+# The cuBLAS prefill GEMM (lb_gemm_q_cublas): products of at least CUBLAS_MIN_ROWS columns go through it when the
+# engine turned it on. Why 256 (H200, 27B Q4_K_M): each call first writes the weights as fp16 and reads them
+# back (~4.6 B per weight of HBM traffic: ~31 ms per pass over the 27B), then runs at ~460-580 TFLOP/s
+# (~0.1 ms per token over the 27B); the small-N kernel costs ~16.7 ms per 64 columns. 192 columns: ~50 ms either
+# way; 256: ~56 ms against 67 ms. Below it, and in every verify (at most CHUNK slots) and decode step, the small-N
+# kernels run: CUDA-graph captures never contain a cuBLAS call.
+CUBLAS_MIN_ROWS = 256
 HEAD_DIM = 256  # the attention ops' head_dim
 
 
@@ -161,6 +168,29 @@ def attn_partials(tq: int, n_heads: int, max_splits: int) -> int:
     return max_splits * tq * n_heads * (HEAD_DIM + 2) * 4 if max_splits > 1 else 0
 
 
+def cublas_scratch(n: int, k: int, chunk_rows: int) -> int:
+    """lb_gemm_q_cublas_scratch_bytes (cuda/ops/gemm_q_cublas.cu): x as fp16 [n, k] + one fp16 weight chunk."""
+    return _al(2 * n * k) + _al(2 * chunk_rows * k)
+
+
+def cublas_gemm_scratch(cfg: Qwen35Config, rows: int) -> int:
+    """The engine's lb_gemm_q_cublas scratch for passes of `rows` rows: x at the widest K (ffn_down's) and a
+    chunk that holds the largest layer matrix whole (the FFN's, 178 MB fp16 on the 27B), so every product is
+    one dequantization and one cublasGemmEx at full size. Chunks small enough to stay in L2 (~24 MB: ~2,400 rows at
+    K = 5120) would save most of that traffic, but cuBLAS already drops from 584 to 462 TFLOP/s going from 34816 to
+    6144 rows at M = 520 (H200), and a ~2,400-row GEMM fills fewer tiles still: an estimate, not measured, that
+    the loss matches the saving; lb_gemm_q_cublas takes any chunk the scratch holds, so it can be measured."""
+    ks = (cfg.hidden, cfg.ffn, cfg.hv * cfg.dv, cfg.n_heads * cfg.head_dim)
+    mats = (cfg.ffn * cfg.hidden, cfg.conv_channels * cfg.hidden, 2 * cfg.n_heads * cfg.head_dim * cfg.hidden,
+            cfg.hidden * cfg.hv * cfg.dv, cfg.hidden * cfg.n_heads * cfg.head_dim)
+    return _al(2 * rows * max(ks)) + _al(2 * max(mats))
+
+
+def cublas_on(cublas: bool, rows: int) -> bool:
+    """Whether a pass of `rows` rows can reach the cuBLAS path at all (else it costs no scratch)."""
+    return bool(cublas) and rows >= CUBLAS_MIN_ROWS
+
+
 TOPK_MAX_K = 8  # lb_df_topk's largest k
 
 
@@ -188,10 +218,12 @@ def check_prefill_rows(rows: int) -> int:
     return int(rows)
 
 
-def buffer_list(cfg: Qwen35Config, *, context: int, budget: int, prefill_rows: int = PREFILL_ROWS) -> list[Buffer]:
+def buffer_list(cfg: Qwen35Config, *, context: int, budget: int, prefill_rows: int = PREFILL_ROWS,
+                cublas: bool = False) -> list[Buffer]:
     """Every buffer the target engine allocates besides weights, in carving order. The activations, the
     DeltaNet scratch and the attention partials hold one prefill pass (prefill_rows rows; a verify's slots
-    are fewer); the logits and the tree index hold CHUNK rows (a prefill needs the last row's logits only)."""
+    are fewer); the logits and the tree index hold CHUNK rows (a prefill needs the last row's logits only).
+    cublas: the cuBLAS prefill GEMM is on (its scratch is listed when cublas_on(cublas, prefill_rows))."""
     slots = budget + 1
     if not 1 <= slots <= CHUNK:
         raise UsageError(f"tree budget {budget} outside 0..{CHUNK - 1} (one verify takes at most {CHUNK} slots)")
@@ -229,13 +261,16 @@ def buffer_list(cfg: Qwen35Config, *, context: int, budget: int, prefill_rows: i
     add("tree_index", "gstate", 16, False)
     # int32 token ids of a pass whose embedding rows are made on the device (lb_df_embed_q)
     add("tree_index", "tokens", rows * 4, False)
+    if cublas_on(cublas, rows):
+        add("gemm_scratch", "gemm_scratch", cublas_gemm_scratch(cfg, rows), True)
     return out
 
 
-def target_buffers(cfg: Qwen35Config, *, context: int, budget: int, prefill_rows: int = PREFILL_ROWS) -> dict[str, int]:
+def target_buffers(cfg: Qwen35Config, *, context: int, budget: int, prefill_rows: int = PREFILL_ROWS,
+                   cublas: bool = False) -> dict[str, int]:
     """{plan category: bytes} of everything the target engine allocates besides weights."""
     out: dict[str, int] = {}
-    for b in buffer_list(cfg, context=context, budget=budget, prefill_rows=prefill_rows):
+    for b in buffer_list(cfg, context=context, budget=budget, prefill_rows=prefill_rows, cublas=cublas):
         out[b.category] = out.get(b.category, 0) + b.nbytes
     return out
 
@@ -260,6 +295,7 @@ class MemoryPlan:
     sizes: Sizes = field(repr=False)
     draft: Optional[DraftSpec] = None
     prefill_rows: int = PREFILL_ROWS
+    cublas: bool = False
 
     @property
     def total(self) -> int:
@@ -285,13 +321,14 @@ def _label(cfg: Qwen35Config, sizes: Sizes, draft: Optional[DraftSpec]) -> str:
 
 
 def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, budget: int,
-         draft: Optional[DraftSpec] = None, overhead: int = CUDA_OVERHEAD, prefill_rows: int = PREFILL_ROWS) -> MemoryPlan:
+         draft: Optional[DraftSpec] = None, overhead: int = CUDA_OVERHEAD, prefill_rows: int = PREFILL_ROWS,
+         cublas: bool = False) -> MemoryPlan:
     """The device memory of a run at `context` tokens, tree `budget` (slots = budget + 1) and prefill passes of
-    `prefill_rows` rows."""
+    `prefill_rows` rows (cublas: with the cuBLAS prefill GEMM on)."""
     if context < 1:
         raise UsageError(f"context {context} must be positive")
     sizes = gguf_or_sizes if isinstance(gguf_or_sizes, Mapping) else sizes_from_gguf(gguf_or_sizes)
-    buf = target_buffers(cfg, context=context, budget=budget, prefill_rows=prefill_rows)
+    buf = target_buffers(cfg, context=context, budget=budget, prefill_rows=prefill_rows, cublas=cublas)
     n_attn = sum(cfg.is_attention(i) for i in range(cfg.n_layers))
     host_note = "" if cfg.tied else "token_embd stays on the host (rows dequantized per call)"
     items = [
@@ -308,6 +345,9 @@ def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, b
         PlanItem("logits argmax", buf["argmax"], "device argmax / top-8 ids and their scratch"),
         PlanItem("tree index", buf["tree_index"], "parents, positions, masks, path, graph state, token ids"),
     ]
+    if "gemm_scratch" in buf:
+        items.append(PlanItem("cublas gemm scratch", buf["gemm_scratch"],
+                              f"fp16 x ({prefill_rows} rows) + the largest layer matrix in fp16"))
     if draft is not None:
         items += [
             PlanItem("draft weights", draft.weight_bytes, draft.label),
@@ -315,18 +355,19 @@ def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, b
             PlanItem("draft scratch", draft.scratch_bytes(cfg.vocab), "block, feature chunk, draft logits"),
         ]
     items.append(PlanItem("cuda overhead", overhead, "context, module images, allocator slack (margin)"))
-    return MemoryPlan(tuple(items), context, budget, _label(cfg, sizes, draft), cfg, sizes, draft, prefill_rows)
+    return MemoryPlan(tuple(items), context, budget, _label(cfg, sizes, draft), cfg, sizes, draft, prefill_rows,
+                      cublas_on(cublas, prefill_rows))
 
 
 def largest_context(cfg: Qwen35Config, sizes: Union[Any, Sizes], card_bytes: int, *, budget: int,
                     draft: Optional[DraftSpec] = None, overhead: int = CUDA_OVERHEAD, limit: int = 1 << 24,
-                    prefill_rows: int = PREFILL_ROWS) -> int:
+                    prefill_rows: int = PREFILL_ROWS, cublas: bool = False) -> int:
     """The most context tokens whose plan fits `card_bytes` (0 when not even one token does)."""
     sizes = sizes if isinstance(sizes, Mapping) else sizes_from_gguf(sizes)
 
     def fits(ctx: int) -> bool:
         return plan(cfg, sizes, context=ctx, budget=budget, draft=draft, overhead=overhead,
-                    prefill_rows=prefill_rows).total <= card_bytes
+                    prefill_rows=prefill_rows, cublas=cublas).total <= card_bytes
 
     if not fits(1):
         return 0
@@ -345,7 +386,7 @@ def fit(p: MemoryPlan, card_bytes: int, card_name: str = "") -> None:
         return
     card = card_name or f"{card_bytes / 1e9:.0f} GB"
     best = largest_context(p.cfg, p.sizes, card_bytes, budget=p.budget, draft=p.draft,
-                           overhead=p.bytes_of("cuda overhead"), prefill_rows=p.prefill_rows)
+                           overhead=p.bytes_of("cuda overhead"), prefill_rows=p.prefill_rows, cublas=p.cublas)
     need = f"needs {p.total / GIB:.2f} GiB of {card_bytes / GIB:.2f} GiB"
     if best == 0:
         raise OutOfMemory(

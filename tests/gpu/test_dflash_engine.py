@@ -135,6 +135,8 @@ def test_plan_scratch_formulas():
         assert lib().fn.lb_gdn_prefill_scratch_bytes(64, hk, hv) == mp.gdn_prefill_scratch(64, hk, hv)
     for t, nh, s in ((1, 24, 64), (64, 24, 16), (64, 4, 16)):
         assert lib().fn.lb_attn_partials_bytes(t, nh, s) == mp.attn_partials(t, nh, s)
+    for n, k, rows in ((1, 256, 1), (300, 5120, 17408), (1024, 17408, 5120)):
+        assert lib().fn.lb_gemm_q_cublas_scratch_bytes(n, k, rows) == mp.cublas_scratch(n, k, rows)
 
 
 def check_topk_kernel() -> None:
@@ -275,6 +277,42 @@ def check_speculative_lossless(spec: str, rate: float) -> None:
 @pytest.mark.parametrize("spec,rate", [("chain", 0.0), ("ddtree", 0.0), ("ddtree", 0.3)])
 def test_speculative_lossless(spec, rate):
     check_speculative_lossless(spec, rate)
+
+
+@pytest.mark.parametrize("gemm", ["own", "cublas"])
+def test_prefill_gemm_paths(gemm, monkeypatch):
+    """LUCEBOX_PREFILL_GEMM=own|cublas with 256-row passes: a 300-token prompt is one 256-row pass (on cuBLAS: every
+    projection one lb_gemm_q_cublas) and a 44-row one (small-N either way); logits, tap features, a verify + commit
+    and the step after it match the CPU engine with every scratch NaN-poisoned. cublas is skipped where the library
+    has no cuBLAS loaded."""
+    from lucebox_cli.engines.cpu import CPUEngine
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+    if gemm == "cublas" and not lib().fn.lb_blas_ready():
+        pytest.skip("cuBLAS not loaded in this library (lb_blas_ready() == 0)")
+    monkeypatch.setenv("LUCEBOX_PREFILL_GEMM", gemm)
+    cfg, weights = cpu_weights(4)
+    gpu = DFlashTargetEngine(gguf(4), max_context=512, budget=22, tap_layers=(1,), lib=lib(), prefill_rows=256)
+    cpu = CPUEngine(cfg, weights, tap_layers=(1,), max_context=512)
+    try:
+        assert gpu.info["prefill_gemm"] == gemm and gpu.prefill_rows == 256
+        assert (gpu.plan.bytes_of("cublas gemm scratch") > 0) == (gemm == "cublas")
+        ids = np.random.default_rng(11).integers(0, VOCAB, 300)
+        gpu.poison()
+        lg, lc = gpu.prefill(ids), cpu.prefill(ids)
+        assert rel(lg, lc) < TOL, f"{gemm}: prefill logits rel RMS {rel(lg, lc):.3g}"
+        assert rel(gpu.features, cpu.features) < TOL
+        tree = branched_tree(5, 23)
+        gpu.poison()
+        rg, rc = gpu.verify(tree), cpu.verify(tree)
+        assert rel(rg.logits, rc.logits) < TOL
+        path = tree.path_to(int(np.argmax(tree.depth)))
+        gpu.commit(path)
+        cpu.commit(path)
+        gpu.poison()
+        assert rel(gpu.step(3), cpu.step(3)) < TOL
+    finally:
+        gpu.close()
 
 
 def test_memory_plan_refusal():

@@ -43,7 +43,8 @@ class _Fns:
         self._lib = lib
 
     def __getattr__(self, name: str):
-        if not name.startswith("lb_") or (name in _GRAPH_API and not self._lib.graphs):
+        if not name.startswith("lb_") or (name in _GRAPH_API and not self._lib.graphs) or (
+                name in _BLAS_API and not self._lib.blas):
             raise AttributeError(name)
         op = getattr(self._lib, name)
         lib = self._lib
@@ -70,10 +71,13 @@ _GRAPH_API = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb
                         "lb_event_record", "lb_event_query", "lb_event_sync", "lb_event_destroy", "lb_host_alloc",
                         "lb_host_free", "lb_attn_prep_at", "lb_attn_decode_at", "lb_attn_tree_at", "lb_df_embed_q",
                         "lb_df_greedy_advance"})
+# what a FakeLib(blas=False) lacks: the cuBLAS prefill GEMM (a library whose lb::blas is ready offers all three)
+_BLAS_API = frozenset({"lb_blas_ready", "lb_gemm_q_cublas", "lb_gemm_q_cublas_scratch_bytes"})
 # not recorded into a capture: graph control, events, host memory and size queries run at once
 _OUTSIDE_CAPTURE = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb_graph_destroy", "lb_event_create",
                               "lb_event_record", "lb_event_query", "lb_event_sync", "lb_event_destroy", "lb_host_alloc",
-                              "lb_host_free", "lb_df_topk_scratch_bytes", "lb_stream_create", "lb_stream_destroy"})
+                              "lb_host_free", "lb_df_topk_scratch_bytes", "lb_stream_create", "lb_stream_destroy",
+                              "lb_blas_ready", "lb_gemm_q_cublas_scratch_bytes"})
 # what CUDA refuses inside a capture (synchronous, legacy stream or allocating)
 _UNSAFE_IN_CAPTURE = frozenset({"lb_dev_alloc", "lb_dev_free", "lb_dev_h2d", "lb_dev_d2h", "lb_dev_memset",
                                 "lb_dev_sync"})
@@ -82,8 +86,9 @@ _UNSAFE_IN_CAPTURE = frozenset({"lb_dev_alloc", "lb_dev_free", "lb_dev_h2d", "lb
 class FakeLib:
     """`call(name, *args)` and `check(status, what)` like _lib.Lib; `fn.<name>` like its ctypes functions."""
 
-    def __init__(self, graphs: bool = False):
+    def __init__(self, graphs: bool = False, blas: bool = False):
         self.graphs = graphs  # offer the graph API (engines then replay CUDA graphs by default)
+        self.blas = blas  # a loaded cuBLAS: lb_blas_ready() = 1 and lb_gemm_q_cublas
         self._mem: dict[int, np.ndarray] = {}
         self._wcache: dict[tuple, np.ndarray] = {}
         self.calls: list[str] = []
@@ -231,6 +236,28 @@ class FakeLib:
             out = view(y, np.float32, n * r).reshape(n, r)
             out[:] = out + res[:, r0 : r0 + r] if acc else res[:, r0 : r0 + r]
             r0 += r
+
+    def lb_blas_ready(self):
+        return 1
+
+    @staticmethod
+    def lb_gemm_q_cublas_scratch_bytes(n, k, chunk_rows):
+        al = lambda v: (v + 255) // 256 * 256  # noqa: E731
+        return al(2 * n * k) + al(2 * chunk_rows * k)
+
+    def lb_gemm_q_cublas(self, qtype, w, rows, k, x, n, y, acc, scratch, scratch_bytes, stream):
+        """lb_gemm_q_smalln's product for any n; the scratch must hold x in fp16 and at least one fp16 row, and is
+        overwritten (NaN here) as the C op overwrites it."""
+        assert n >= 1 and k % 256 == 0 and scratch_bytes >= self.lb_gemm_q_cublas_scratch_bytes(n, k, 1)
+        assert int(scratch) in self._mem or any(b <= int(scratch) < b + a.size for b, a in self._mem.items())
+        self._product(qtype, w, rows, k, x, n, y, acc)
+        ctypes.memset(int(scratch), 0xFF, int(scratch_bytes))
+
+    def _product(self, qtype, w, rows, k, x, n, y, acc):
+        W = self._w(qtype, w, rows, k)
+        out = view(y, np.float32, n * rows).reshape(n, rows)
+        res = view(x, np.float32, n * k).reshape(n, k) @ W.T
+        out[:] = out + res if acc else res
 
     def lb_gemv_q(self, qtype, w, rows, k, x, y, acc, stream):
         self.lb_gemm_q_smalln(qtype, w, rows, k, x, 1, y, acc, stream)

@@ -1,0 +1,190 @@
+// lb_dequant_f16: rows [row0, row0 + rows) of a quantized matrix in the device layout
+// (cuda/common/quant_blocks.cuh) to fp16 [rows, k] row-major, the first half of the cuBLAS prefill GEMM
+// (cuda/ops/gemm_q_cublas.cu: dequantize a row chunk, then one tensor-core GEMM over it).
+//
+// Values: ggml's dequantize_row_* (and the gguf package's numpy twin, which the CPU engine uses) computed in
+// fp32 with the same operations in the same order, each rounded (the __f*_rn intrinsics: nvcc would otherwise
+// contract d1 * q - m1 into one FMA, one rounding fewer than the reference), then rounded to fp16 (RN):
+//   Q4_K / Q5_K  (d * sc) * q - (dmin * m)      Q6_K  (d * sc) * (q - 32)      Q8_0  q * d
+// so each output equals float16(reference float32) bit for bit.
+//
+// Layout of the work: one warp per 256-weight block at a time, lane l owning weights 8l .. 8l + 7, so every
+// store instruction of a warp writes one block's 512 contiguous bytes (16 B per lane, fully coalesced). A warp
+// does kBlocksPerWarp consecutive blocks (32 weights per thread), loading all of them before converting any,
+// so that a lane has that many independent loads in flight. A lane's 8 weights sit in 8 contiguous quant bytes
+// (and 8 contiguous Q5_K / Q6_K high-bit bytes) for every type: 8-byte loads; lanes that share bytes (the low
+// and high nibbles of Q4_K / Q5_K) read them in the same instruction, so HBM sees each byte once.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "lb_check.cuh"
+#include "quant_blocks.cuh"
+
+namespace {
+
+using namespace lb::q;
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerWarp = 4;
+constexpr int kBlocksPerCta = kThreads / 32 * kBlocksPerWarp;
+
+__device__ __forceinline__ float half_bits(uint32_t bits16) {
+    return __half2float(__ushort_as_half((unsigned short)(bits16 & 0xFFFF)));
+}
+
+__device__ __forceinline__ uint8_t byte_of(uint2 v, int i) {
+    return (uint8_t)((i < 4 ? v.x >> (8 * i) : v.y >> (8 * (i - 4))) & 0xFF);
+}
+
+// One lane's raw bytes of one 256-weight block: the header / scales (16 B, or Q8_0's unused), 8 quant bytes,
+// 8 high-bit bytes (Q5_K, Q6_K), the fp16 d of the trailing array (Q6_K, Q8_0).
+struct Raw {
+    uint4 hdr;
+    uint2 q, h;
+    uint32_t d16;
+};
+
+// gb: the block's index in the whole tensor's row-major block stream (row * k/256 + block column).
+template <int QT>
+__device__ __forceinline__ Raw load_raw(const uint8_t* __restrict__ w, int64_t n_blocks_all, int64_t gb, int lane) {
+    Raw r{};
+    if constexpr (QT == Q4_K || QT == Q5_K) {
+        constexpr int kBytes = QT == Q4_K ? 144 : 176, kQs = QT == Q4_K ? 16 : 48;
+        const uint8_t* b = w + gb * kBytes;
+        r.hdr = __ldg(reinterpret_cast<const uint4*>(b));  // d, dmin, scales[12]: the same 16 B for every lane
+        // weights 8 lane .. +7: qs group lane / 8, bytes 8 (lane % 4) .. +7 (low nibbles for lane % 8 < 4)
+        r.q = ldg_stream8(b + kQs + 32 * (lane >> 3) + 8 * (lane & 3));
+        if constexpr (QT == Q5_K) r.h = ldg_stream8(b + 16 + 8 * (lane & 3));  // qh[(8 lane) % 32 ..]
+    } else if constexpr (QT == Q6_K) {
+        // body [ql 128 | qh 64 | scales 16]; weights 8 lane: half n = lane / 16, quarter qq = (lane % 16) / 4
+        const uint8_t* b = w + gb * kQ6Packed;
+        const int n = lane >> 4, qq = (lane & 15) >> 2, l = 8 * (lane & 3);
+        r.q = ldg_stream8(b + 64 * n + 32 * (qq & 1) + l);
+        r.h = ldg_stream8(b + 128 + 32 * n + l);
+        r.hdr = __ldg(reinterpret_cast<const uint4*>(b + 192));  // the 16 int8 scales
+        r.d16 = __ldg(reinterpret_cast<const unsigned short*>(w + n_blocks_all * kQ6Packed) + gb);
+    } else {  // Q8_0: qs int8 [rows, k] (256 bytes per block), then fp16 d per 32 weights
+        r.q = ldg_stream8(w + gb * QK + 8 * lane);
+        r.d16 = __ldg(reinterpret_cast<const unsigned short*>(w + n_blocks_all * QK) + gb * 8 + (lane >> 2));
+    }
+    return r;
+}
+
+// The lane's 8 weights as fp16, exactly as the reference rounds them.
+template <int QT>
+__device__ __forceinline__ uint4 convert(const Raw& r, int lane) {
+    float v[8];
+    if constexpr (QT == Q4_K || QT == Q5_K) {
+        const int is = lane >> 2;  // sub-block of 32 weights
+        int sc, mn;
+        if (is < 4) {
+            sc = (r.hdr.y >> (8 * is)) & 63;
+            mn = (r.hdr.z >> (8 * is)) & 63;
+        } else {  // ggml get_scale_min_k4, j >= 4
+            const int sh = 8 * (is - 4);
+            const uint32_t b8 = (r.hdr.w >> sh) & 0xFF;
+            sc = (b8 & 0xF) | ((((r.hdr.y >> sh) & 0xFF) >> 6) << 4);
+            mn = (b8 >> 4) | ((((r.hdr.z >> sh) & 0xFF) >> 6) << 4);
+        }
+        const float d1 = __fmul_rn(half_bits(r.hdr.x), (float)sc);
+        const float m1 = __fmul_rn(half_bits(r.hdr.x >> 16), (float)mn);
+        const bool hi = (lane & 7) >= 4;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int b = byte_of(r.q, i);
+            int q = hi ? b >> 4 : b & 0xF;
+            if constexpr (QT == Q5_K) q |= ((byte_of(r.h, i) >> is) & 1) << 4;
+            v[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+        }
+    } else if constexpr (QT == Q6_K) {
+        const int n = lane >> 4, qq = (lane & 15) >> 2;
+        const int is = 8 * n + ((lane & 3) >> 1) + 2 * qq;  // scale of these 16 weights
+        const int wi = is >> 2;  // scale word, chosen by selects (indexing would put hdr in local memory)
+        const uint32_t sw = wi == 0 ? r.hdr.x : wi == 1 ? r.hdr.y : wi == 2 ? r.hdr.z : r.hdr.w;
+        const int8_t sc = (int8_t)((sw >> (8 * (is & 3))) & 0xFF);
+        const float d1 = __fmul_rn(half_bits(r.d16), (float)sc);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int b = byte_of(r.q, i);
+            const int q = ((qq & 2) ? b >> 4 : b & 0xF) | (((byte_of(r.h, i) >> (2 * qq)) & 3) << 4);
+            v[i] = __fmul_rn(d1, (float)(q - 32));
+        }
+    } else {
+        const float d = half_bits(r.d16);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn((float)(int8_t)byte_of(r.q, i), d);
+    }
+    uint4 o;
+    uint32_t* p = &o.x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        p[i] = (uint32_t)__half_as_ushort(__float2half_rn(v[2 * i])) |
+               ((uint32_t)__half_as_ushort(__float2half_rn(v[2 * i + 1])) << 16);
+    return o;
+}
+
+// grid: ceil(blocks / kBlocksPerCta); out [blocks, 256] fp16 as uint4 (32 per block).
+template <int QT>
+__global__ void __launch_bounds__(kThreads) dequant_f16_kernel(const uint8_t* __restrict__ w, int64_t n_blocks_all,
+                                                               int64_t gb0, int64_t blocks, uint4* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    const int64_t b0 = ((int64_t)blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5)) * kBlocksPerWarp;
+    Raw r[kBlocksPerWarp];
+#pragma unroll
+    for (int i = 0; i < kBlocksPerWarp; ++i)
+        if (b0 + i < blocks) r[i] = load_raw<QT>(w, n_blocks_all, gb0 + b0 + i, lane);
+#pragma unroll
+    for (int i = 0; i < kBlocksPerWarp; ++i)
+        if (b0 + i < blocks) out[(b0 + i) * 32 + lane] = convert<QT>(r[i], lane);
+}
+
+template <int QT>
+int launch(const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, void* out, cudaStream_t s) {
+    const int64_t nb = k / QK, blocks = rows * nb;
+    const int64_t grid = (blocks + kBlocksPerCta - 1) / kBlocksPerCta;
+    dequant_f16_kernel<QT><<<(unsigned)grid, kThreads, 0, s>>>(static_cast<const uint8_t*>(w), n_rows * nb, row0 * nb,
+                                                                blocks, static_cast<uint4*>(out));
+    LB_LAUNCH_TRY();
+    return LB_OK;
+}
+
+}  // namespace
+
+namespace lb {
+
+// The launch behind lb_dequant_f16 (arguments checked by the caller); gemm_q_cublas.cu calls it per row chunk.
+int dequant_f16_launch(int qtype, const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, void* out,
+                       cudaStream_t s) {
+    switch (qtype) {
+        case Q4_K: return launch<Q4_K>(w, n_rows, k, row0, rows, out, s);
+        case Q5_K: return launch<Q5_K>(w, n_rows, k, row0, rows, out, s);
+        case Q6_K: return launch<Q6_K>(w, n_rows, k, row0, rows, out, s);
+        case Q8_0: return launch<Q8_0>(w, n_rows, k, row0, rows, out, s);
+        default: return set_error(LB_ERR_UNSUPPORTED, "dequant_f16: qtype %d is not Q8_0, Q4_K, Q5_K or Q6_K", qtype);
+    }
+}
+
+// Shape checks shared with lb_gemm_q_cublas (host only: no CUDA call).
+int dequant_f16_check(const char* fn, int qtype, const void* w, int64_t n_rows, int k) {
+    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0)
+        return set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d is not Q8_0, Q4_K, Q5_K or Q6_K", fn, qtype);
+    if (!w) return set_error(LB_ERR_INVALID_ARG, "%s: NULL weights", fn);
+    if ((uintptr_t)w & 15) return set_error(LB_ERR_INVALID_ARG, "%s: weights must be 16-byte aligned", fn);
+    if (n_rows <= 0 || k <= 0 || k % QK)
+        return set_error(LB_ERR_INVALID_ARG, "%s: need n_rows > 0 and k a positive multiple of 256", fn);
+    // (blocks per launch) / kBlocksPerCta must fit a grid dimension
+    if (n_rows * (k / QK) / kBlocksPerCta >= (int64_t)INT32_MAX)
+        return set_error(LB_ERR_INVALID_ARG, "%s: %lld x %d is too large", fn, (long long)n_rows, k);
+    return LB_OK;
+}
+
+}  // namespace lb
+
+extern "C" LB_API int lb_dequant_f16(int qtype, const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows,
+                                     void* out_f16, void* stream) {
+    const int st = lb::dequant_f16_check(__func__, qtype, w, n_rows, k);
+    if (st != LB_OK) return st;
+    LB_CHECK_ARG(out_f16 && !((uintptr_t)out_f16 & 15), "out_f16 must be a 16-byte aligned device pointer");
+    LB_CHECK_ARG(row0 >= 0 && rows >= 1 && row0 + rows <= n_rows, "need 0 <= row0 < row0 + rows <= n_rows");
+    return lb::dequant_f16_launch(qtype, w, n_rows, k, row0, rows, out_f16, static_cast<cudaStream_t>(stream));
+}

@@ -1,0 +1,98 @@
+// lb_gemm_q_cublas: lb_gemm_q_smalln's product (Y[n, n_rows] (+)= W · x per token, x fp32 [n, k] and y fp32
+// [n, n_rows] token-major) for any n, through cuBLAS: x converted to fp16 once, W dequantized to fp16 in row
+// chunks (cuda/ops/dequant_f16.cu) and one cublasGemmEx (fp16 in, fp32 accumulate and output) per chunk, all in
+// the caller's scratch. For the 27B prefill's wide passes, where the small-N kernel re-reads the weights every
+// 64 columns: cuBLAS runs ~460-580 TFLOP/s at 520 columns on an H200 (27B shapes), for one extra pass over the
+// weights (read 0.56 B + write 2 B + read 2 B per weight).
+//
+// cuBLAS is column-major: token-major Y [n, n_rows] is C (n_rows x n, ldc = n_rows); the row-major fp16 chunk
+// [rows_c, k] is A (k x rows_c, lda = k) taken transposed; X16 [n, k] is B (k x n, ldb = k). A chunk of rows
+// [r0, r0 + rows_c) writes C at y + r0 with the same ldc. beta = accumulate (0: C is not read, so a NaN-poisoned
+// y is overwritten, as lb_gemm_q_smalln's accumulate = 0).
+//
+// cuBLAS comes through lb::blas (cuda/core/cublas_gemm.cuh): without a loaded library the call fails cleanly
+// with LB_ERR_NOT_FOUND "cuBLAS not loaded" before any CUDA work.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <climits>
+
+#include "../core/cublas_gemm.cuh"
+#include "lb_check.cuh"
+
+namespace lb {
+int dequant_f16_launch(int qtype, const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, void* out,
+                       cudaStream_t s);
+int dequant_f16_check(const char* fn, int qtype, const void* w, int64_t n_rows, int k);
+}  // namespace lb
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint64_t kAlign = 256;
+// A chunk shorter than the matrix keeps a multiple of this many rows (whole cuBLAS tiles).
+constexpr int64_t kChunkAlign = 128;
+
+uint64_t al(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// fp32 → fp16 (RN), 8 values per thread: two 16-byte loads, one 16-byte store. count % 8 == 0.
+__global__ void __launch_bounds__(kThreads) to_f16_kernel(const float4* __restrict__ x, uint4* __restrict__ out,
+                                                          int64_t count8) {
+    for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < count8; i += (int64_t)gridDim.x * kThreads) {
+        const float4 a = __ldg(x + 2 * i), b = __ldg(x + 2 * i + 1);
+        const __half2 h0 = __floats2half2_rn(a.x, a.y), h1 = __floats2half2_rn(a.z, a.w);
+        const __half2 h2 = __floats2half2_rn(b.x, b.y), h3 = __floats2half2_rn(b.z, b.w);
+        out[i] = make_uint4(*reinterpret_cast<const uint32_t*>(&h0), *reinterpret_cast<const uint32_t*>(&h1),
+                            *reinterpret_cast<const uint32_t*>(&h2), *reinterpret_cast<const uint32_t*>(&h3));
+    }
+}
+
+}  // namespace
+
+extern "C" LB_API int lb_blas_ready(void) { return lb::blas::ready() ? 1 : 0; }
+
+extern "C" LB_API uint64_t lb_gemm_q_cublas_scratch_bytes(int n, int k, int64_t chunk_rows) {
+    if (n < 1 || k < 256 || k % 256 || chunk_rows < 1) return 0;
+    return al(2ull * (uint64_t)n * (uint64_t)k) + al(2ull * (uint64_t)chunk_rows * (uint64_t)k);
+}
+
+extern "C" LB_API int lb_gemm_q_cublas(int qtype, const void* w, int64_t n_rows, int k, const float* x, int n, float* y,
+                                       int accumulate, void* scratch, uint64_t scratch_bytes, void* stream) {
+    int st = lb::dequant_f16_check(__func__, qtype, w, n_rows, k);
+    if (st != LB_OK) return st;
+    LB_CHECK_ARG(n_rows <= INT_MAX, "n_rows must fit an int (cuBLAS's m and ldc)");
+    LB_CHECK_ARG(x && y && n >= 1, "need x, y and n >= 1");
+    LB_CHECK_ARG(!((uintptr_t)x & 15), "x must be 16-byte aligned");
+    LB_CHECK_ARG(scratch && !((uintptr_t)scratch & (kAlign - 1)), "scratch must be a 256-byte aligned device pointer");
+    const uint64_t xb = al(2ull * (uint64_t)n * (uint64_t)k);
+    const uint64_t row_bytes = 2ull * (uint64_t)k;
+    if (scratch_bytes < xb + row_bytes)
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: scratch of %llu bytes, need at least %llu "
+                             "(lb_gemm_q_cublas_scratch_bytes(n, k, 1))", __func__, (unsigned long long)scratch_bytes,
+                             (unsigned long long)(xb + row_bytes));
+    if (!lb::blas::ready())
+        return lb::set_error(LB_ERR_NOT_FOUND, "%s: cuBLAS not loaded (the prefill's small-N GEMMs still work: "
+                             "LUCEBOX_PREFILL_GEMM=own)", __func__);
+    int64_t chunk = (int64_t)((scratch_bytes - xb) / row_bytes);
+    if (chunk < n_rows) chunk = chunk >= kChunkAlign ? chunk / kChunkAlign * kChunkAlign : chunk;
+    else chunk = n_rows;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    uint8_t* base = static_cast<uint8_t*>(scratch);
+    void* x16 = base;
+    void* w16 = base + xb;
+    const int64_t count8 = (int64_t)n * k / 8;
+    const int64_t grid = (count8 + kThreads - 1) / kThreads;
+    to_f16_kernel<<<(unsigned)(grid < 4096 ? grid : 4096), kThreads, 0, s>>>(reinterpret_cast<const float4*>(x),
+                                                                             static_cast<uint4*>(x16), count8);
+    LB_LAUNCH_TRY();
+    const float beta = accumulate ? 1.0f : 0.0f;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
+        const int64_t rc = n_rows - r0 < chunk ? n_rows - r0 : chunk;
+        st = lb::dequant_f16_launch(qtype, w, n_rows, k, r0, rc, w16, s);
+        if (st != LB_OK) return st;
+        st = lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, (int)rc, n, k, 1.0f, w16, lb::blas::kR16F, k, x16,
+                               lb::blas::kR16F, k, beta, y + r0, lb::blas::kR32F, (int)n_rows, s);
+        if (st != LB_OK) return st;
+    }
+    return LB_OK;
+}

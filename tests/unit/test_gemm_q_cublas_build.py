@@ -1,0 +1,187 @@
+"""The cuBLAS prefill GEMM without a GPU: fp16 dequantization and lb_gemm_q_cublas build for both profiles' archs
+without spills; their C ABI rows agree with lucebox.h; through ctypes on the built library, lb_gemm_q_cublas
+refuses bad arguments and then reports "cuBLAS not loaded" before any CUDA work; the memory plan counts its
+scratch (the formula of lb_gemm_q_cublas_scratch_bytes) only where a pass can use it, so the 3090's plan is
+unchanged; the engine decides the path once (LUCEBOX_PREFILL_GEMM) and, on a CPU emulation of the C API with
+cuBLAS "loaded", sends the wide pass's projections through lb_gemm_q_cublas with the same logits as the CPU
+engine. The kernels themselves run in tests/gpu/test_gemm_q_cublas.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cuda_build import assert_api_rows, compile_cu, needs_nvcc, spill_stores
+from dflash_fake_lib import FakeLib
+from dflash_tiny import branched_tree, make_tiny_q4km
+
+from lucebox_cli.config import get_profile
+from lucebox_cli.engines import _lib
+from lucebox_cli.engines import memory_plan as mp
+from lucebox_cli.engines.cpu import CPUEngine
+from lucebox_cli.engines.dflash import DFlashTargetEngine, prefill_gemm_path
+from lucebox_cli.errors import EngineUnavailable, UsageError
+from lucebox_cli.models.qwen35_gguf import load_model_gguf
+
+API = ["lb_dequant_f16", "lb_blas_ready", "lb_gemm_q_cublas_scratch_bytes", "lb_gemm_q_cublas"]
+SOURCES = ["cuda/ops/dequant_f16.cu", "cuda/ops/gemm_q_cublas.cu", "cuda/core/cublas_gemm.cu"]
+Q4_K = 12
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+@pytest.mark.parametrize("source", SOURCES)
+def test_compiles_without_spills(source: str, arch: str, tmp_path: Path):
+    returncode, log = compile_cu(source, arch, tmp_path)
+    assert returncode == 0, log[-4000:]
+    assert not any(spill_stores(log)), "register spills:\n" + log[-4000:]
+
+
+def test_api_rows_in_header_and_table():
+    assert_api_rows(API)
+
+
+@pytest.fixture(scope="module")
+def built():
+    path = next((p for p in (_lib.lib_path(n) for n in ("rtx3090-sm86", "h200-sm90")) if p.exists()), None)
+    if path is None:
+        pytest.skip("no built liblucebox.so (make build PROFILE=…)")
+    return _lib.open_lib(path)
+
+
+def test_not_loaded_error_through_ctypes(built):
+    """Host-side checks first, then the clean "cuBLAS not loaded" (no pointer is touched: fake addresses)."""
+    fn, a = built.fn, 1 << 40  # 256-byte aligned, never dereferenced
+    assert fn.lb_blas_ready() == 0 and not _lib.cublas_ready(built)
+    n, k, rows = 65, 512, 301
+    need = fn.lb_gemm_q_cublas_scratch_bytes(n, k, rows)
+    assert need == mp.cublas_scratch(n, k, rows) == 66560 + 308224
+    assert fn.lb_gemm_q_cublas_scratch_bytes(0, k, rows) == 0 and fn.lb_gemm_q_cublas_scratch_bytes(n, 300, 1) == 0
+    assert fn.lb_gemm_q_cublas(Q4_K, a, rows, k, a, n, a, 0, a, need, None) == _lib.LB_ERR_NOT_FOUND
+    assert "cuBLAS not loaded" in built.last_error()
+    # argument errors come first, with their own messages
+    assert fn.lb_gemm_q_cublas(99, a, rows, k, a, n, a, 0, a, need, None) == _lib.LB_ERR_UNSUPPORTED
+    assert "qtype 99" in built.last_error()
+    assert fn.lb_gemm_q_cublas(Q4_K, a, rows, 300, a, n, a, 0, a, need, None) == _lib.LB_ERR_INVALID_ARG
+    small = fn.lb_gemm_q_cublas_scratch_bytes(n, k, 1) - 1
+    assert fn.lb_gemm_q_cublas(Q4_K, a, rows, k, a, n, a, 0, a, small, None) == _lib.LB_ERR_INVALID_ARG
+    assert "scratch" in built.last_error()
+    assert fn.lb_gemm_q_cublas(Q4_K, a, rows, k, a, n, a, 0, a + 16, need, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_dequant_f16(Q4_K, a, rows, k, 300, 2, a, None) == _lib.LB_ERR_INVALID_ARG  # past the last row
+    assert fn.lb_dequant_f16(Q4_K, a, rows, k, 0, 1, a + 8, None) == _lib.LB_ERR_INVALID_ARG  # out alignment
+
+
+# ---- memory plan ----
+
+
+@pytest.fixture(scope="module")
+def big():
+    cfg = mp.qwen35_27b_config()
+    return cfg, mp.sizes_from_mix(cfg, "Q4_K_M")
+
+
+def test_plan_counts_the_scratch(big):
+    """With the path on, 1024-row passes: fp16 x at ffn_down's K (35.7 MB) + the FFN matrix in fp16 (178 MB)."""
+    cfg, sizes = big
+    p = mp.plan(cfg, sizes, context=4096, budget=40, prefill_rows=1024, cublas=True)
+    want = mp.cublas_scratch(1024, cfg.ffn, cfg.hidden)  # ffn_down: x at K = 17408, 5120 rows of 17408
+    assert p.bytes_of("cublas gemm scratch") == mp.cublas_gemm_scratch(cfg, 1024) == want
+    assert want == 2 * 1024 * 17408 + 2 * 17408 * 5120
+    off = mp.plan(cfg, sizes, context=4096, budget=40, prefill_rows=1024)
+    assert p.total - off.total == want and p.cublas and not off.cublas
+    names = [b.name for b in mp.buffer_list(cfg, context=4096, budget=40, prefill_rows=1024, cublas=True)]
+    assert names[-1] == "gemm_scratch"
+
+
+def test_plan_without_a_wide_pass_is_unchanged(big):
+    """Passes narrower than CUBLAS_MIN_ROWS never reach cuBLAS: no scratch, so the 3090 (64-row passes) keeps its
+    largest context with the draft, and its profile names no cuBLAS pass length."""
+    cfg, sizes = big
+    prof = get_profile("rtx3090-sm86")
+    assert prof.run.prefill_rows < mp.CUBLAS_MIN_ROWS and prof.run.prefill_rows_cublas is None
+    on = mp.plan(cfg, sizes, context=4096, budget=22, prefill_rows=64, cublas=True)
+    assert on.bytes_of("cublas gemm scratch") == 0 and not on.cublas
+    card = mp.card_bytes_of_profile(prof)
+    assert mp.largest_context(cfg, sizes, card, budget=22, draft=mp.DFLASH_27B_BF16, cublas=True) == 41_726
+
+
+def test_h200_cublas_passes_fit(big):
+    cfg, sizes = big
+    prof = get_profile("h200-sm90")
+    assert prof.run.prefill_rows_cublas == 1024 and prof.run.prefill_rows == 256
+    p = mp.plan(cfg, sizes, context=prof.run.max_context, budget=prof.run.budget, draft=mp.DFLASH_27B_BF16,
+                prefill_rows=1024, cublas=True)
+    mp.fit(p, mp.card_bytes_of_profile(prof))
+    p256 = mp.plan(cfg, sizes, context=prof.run.max_context, budget=prof.run.budget, draft=mp.DFLASH_27B_BF16,
+                   prefill_rows=256)
+    assert p.total - p256.total < 1.5 * 2**30
+
+
+# ---- the engine's decision and the emulated path ----
+
+
+def test_gemm_mode_knob():
+    assert prefill_gemm_path(FakeLib(), {}) == "own"  # auto, no cuBLAS
+    assert prefill_gemm_path(FakeLib(blas=True), {}) == "cublas"
+    assert prefill_gemm_path(FakeLib(blas=True), {"LUCEBOX_PREFILL_GEMM": "own"}) == "own"
+    assert prefill_gemm_path(FakeLib(blas=True), {"LUCEBOX_PREFILL_GEMM": " CUBLAS "}) == "cublas"
+    with pytest.raises(EngineUnavailable, match="no cuBLAS"):
+        prefill_gemm_path(FakeLib(), {"LUCEBOX_PREFILL_GEMM": "cublas"})
+    with pytest.raises(UsageError, match="LUCEBOX_PREFILL_GEMM"):
+        prefill_gemm_path(FakeLib(), {"LUCEBOX_PREFILL_GEMM": "fast"})
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    return make_tiny_q4km(tmp_path_factory.mktemp("dflash_cublas") / "m4", n_layers=4, hv_ratio=3)
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(b**2)))
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["calls", "graphs"])
+def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
+    """prefill_rows 256 with cuBLAS "loaded": a 300-token prompt's 256-row pass runs every projection through
+    lb_gemm_q_cublas (one call per matrix, with the plan's scratch), its 44-row tail and the verify after it stay
+    on small-N (never inside a capture), and logits match the CPU engine as the small-N path does."""
+    monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
+    cfg, weights = load_model_gguf(gguf)[:2]
+    lib = FakeLib(graphs=graphs, blas=True)
+    gpu = DFlashTargetEngine(gguf, max_context=512, budget=22, tap_layers=(0, 2), lib=lib, card_bytes=8 << 30,
+                             prefill_rows=256)
+    cpu = CPUEngine(cfg, weights, tap_layers=(0, 2), max_context=512)
+    try:
+        assert gpu.info["prefill_gemm"] == "cublas" and gpu.plan.bytes_of("cublas gemm scratch") > 0
+        ids = np.random.default_rng(7).integers(0, 4096, 300)
+        lib.log = []
+        gpu.poison()
+        lg, lc = gpu.prefill(ids), cpu.prefill(ids)
+        log, lib.log = lib.log, None
+        assert rel(lg, lc) < 5e-3 and rel(gpu.features, cpu.features) < 5e-3
+        wide = [a for name, a in log if name == "lb_gemm_q_cublas"]
+        # attention layers: q, k, v, output; DeltaNet: qkv, gate, beta, alpha, out; every layer: gate, up, down
+        want = sum(4 if cfg.is_attention(i) else 5 for i in range(cfg.n_layers)) + 3 * cfg.n_layers
+        assert len(wide) == want and {a[5] for a in wide} == {256}
+        assert all(a[9] == gpu._bufs.gemm_scratch_bytes for a in wide)
+        assert {a[5] for name, a in log if name == "lb_gemm_q_smalln"} == {44}
+        tree = branched_tree(3, 23)
+        lib.log = []
+        rg, rc = gpu.verify(tree), cpu.verify(tree)
+        assert rel(rg.logits, rc.logits) < 5e-3
+        assert lib.log and not any(name == "lb_gemm_q_cublas" for name, _ in lib.log)
+    finally:
+        gpu.close()
+
+
+def test_emulated_engine_keeps_small_n_for_narrow_passes(gguf, monkeypatch):
+    """cuBLAS "loaded" but 64-row passes (no profile, no prefill_rows): the path stays off and costs nothing."""
+    monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
+    gpu = DFlashTargetEngine(gguf, max_context=256, budget=22, lib=FakeLib(blas=True), card_bytes=8 << 30)
+    try:
+        assert gpu.info["prefill_gemm"] == "own" and gpu.prefill_rows == 64
+        assert gpu.plan.bytes_of("cublas gemm scratch") == 0 and gpu._bufs.gemm_scratch == 0
+    finally:
+        gpu.close()
