@@ -9,8 +9,7 @@
 # Results: $OUT/summary.txt (every headline line), $OUT/bench.md, and every log in $OUT/results.tgz (the device
 # tool returns at most 8 files).
 # Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant gdn 27b" (which
-# benches; "none" for tests only; "ring" adds the 0.8B weight-ring A/B, RINGS="auto,2x2048,..." its list;
-# "smalln" the small-N v4/v1 table at n = 23),
+# benches; "none" for tests only; "ring" adds the 0.8B weight-ring A/B, RINGS="auto,2x2048,..." its list),
 # LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build), AB_ENV="VAR=a VAR=b"
 # (the GEMV rows and the 27B bench again under each assignment of a runtime knob; AB_ENV_27B: another list
 # for the 27B bench alone), AB_PREFILL="own cublas" (the speed bench's pp row again under each
@@ -91,13 +90,6 @@ for ab in ${AB_ENV:-}; do  # the n = 1 K-quant rows again under each A/B assignm
   tail -24 "$OUT/quant_gemv_$(echo "$ab" | tr -c 'A-Za-z0-9_\n' '_').log" | tee -a "$S"
 done
 
-fi
-
-if [[ " $BENCHES " == *" smalln "* ]]; then  # small-N v4 against v1 in one process (n = 23 on the 27B shapes)
-echo "== small-N v4 A/B (tests/gpu/test_qmm_smalln.py --bench-v4)" | tee -a "$S"
-timeout 150 python3 tests/gpu/test_qmm_smalln.py --bench-v4 > "$OUT/smalln_v4.log" 2>&1
-echo "smalln bench rc=$?" | tee -a "$S"
-tail -24 "$OUT/smalln_v4.log" | tee -a "$S"
 fi
 
 if [[ " $BENCHES " == *" gdn "* ]]; then

@@ -135,44 +135,37 @@ struct XStager {
     }
 };
 
-// Chunk C of one item of one warp (its kHiLo steps of 4 words), qmm_item's arithmetic with B from the staged
-// buffer; reads only the pieces of rr that chunk C uses (qmm_smalln_rows_kernel fills just those).
-template <int QT, int NT, int MT, int C>
-__device__ __forceinline__ void smalln_chunk(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
-                                             const uint2* buf, int lane, int t) {
-    using Tr = Traits<QT>;
-    static_for<Tr::kHiLo>([&](auto S) {
-        constexpr int c = C, st = decltype(S)::value;
-        Scales sc[MT][2];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            sc[m][0] = Tr::template prep<c, st>(rr[m][0], t);
-            sc[m][1] = Tr::template prep<c, st>(rr[m][1], t);
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int q = (c * Tr::kHiLo + st) * 4 + u;
-            uint2 b[NT];
-#pragma unroll
-            for (int ct = 0; ct < NT; ++ct) b[ct] = buf[(q * NT + ct) * 32 + (lane ^ u)];
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-                uint32_t a0, a1, a2, a3;
-                Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
-                Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
-#pragma unroll
-                for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct].x, b[ct].y);
-            }
-        }
-    });
-}
-
-// One item of one warp: its chunks in order.
+// One item of one warp, qmm_item's arithmetic with B from the staged buffer.
 template <int QT, int NT, int MT>
 __device__ __forceinline__ void smalln_item(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
                                             const uint2* buf, int lane, int t) {
-    static_for<Traits<QT>::kChunks>(
-        [&](auto C) { smalln_chunk<QT, NT, MT, decltype(C)::value>(rr, acc, buf, lane, t); });
+    using Tr = Traits<QT>;
+    static_for<Tr::kChunks>([&](auto C) {
+        static_for<Tr::kHiLo>([&](auto S) {
+            constexpr int c = decltype(C)::value, st = decltype(S)::value;
+            Scales sc[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                sc[m][0] = Tr::template prep<c, st>(rr[m][0], t);
+                sc[m][1] = Tr::template prep<c, st>(rr[m][1], t);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int q = (c * Tr::kHiLo + st) * 4 + u;
+                uint2 b[NT];
+#pragma unroll
+                for (int ct = 0; ct < NT; ++ct) b[ct] = buf[(q * NT + ct) * 32 + (lane ^ u)];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    uint32_t a0, a1, a2, a3;
+                    Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
+                    Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
+#pragma unroll
+                    for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct].x, b[ct].y);
+                }
+            }
+        });
+    });
 }
 
 // The MT row tiles' weights of one item into registers (qmm_kernel's loads; rows past the end load the
@@ -275,36 +268,11 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
     }
 }
 
-}  // namespace q
-}  // namespace lb
-
-#include "qmm_smalln_rows.cuh"
-
-namespace lb {
-namespace q {
-
 // ---- launch ---------------------------------------------------------------------------------------
 
-// The kernel of an instance: qmm_smalln_kernel, or with kRows qmm_smalln_rows_kernel (its weights loaded
-// row-coalesced; no split form), and its dynamic shared memory (0: static only).
-template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit, typename Out, bool kRows, bool kAsync>
-struct SmallnKernel {
-    static_assert(!kRows || !kSplit, "the row-coalesced kernel has no split form");
-    static constexpr size_t smem() {
-        if constexpr (kRows) return smalln_rows_smem_bytes<QT, NT, MT, W>();
-        else return smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
-    }
-    static constexpr size_t kSmem = smem();
-    static auto fn() {
-        if constexpr (kRows) return qmm_smalln_rows_kernel<QT, NT, MT, W, kMinBlocks, Out, kAsync>;
-        else return qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out>;
-    }
-};
-
 // Blocks per SM and SM count, worked out once per process, device and instance.
-template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit, typename Out, bool kRows, bool kAsync>
+template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit, typename Out>
 int smalln_config(QmmConfig& out) {
-    using Kn = SmallnKernel<QT, NT, MT, W, kMinBlocks, kSplit, Out, kRows, kAsync>;
     static std::mutex mu;
     static QmmConfig cache[kMaxDevices];
     int dev = 0;
@@ -315,10 +283,10 @@ int smalln_config(QmmConfig& out) {
         QmmConfig c;
         int per_sm = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-        const auto kernel = Kn::fn();
-        constexpr size_t smem = Kn::kSmem;
+        const auto kernel = qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out>;
+        constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
         // over 48 KB of dynamic shared memory needs the opt-in (per device, hence here)
-        if constexpr (smem > 48 * 1024)
+        if constexpr (smem > 0)
             LB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, W * 32, smem));
         c.grid_per_sm = std::max(per_sm, 1);
@@ -330,18 +298,15 @@ int smalln_config(QmmConfig& out) {
 
 // grid = every block that fits at once, capped by the item count; accumulate = 0 zeroes y first (the
 // kernel only adds). n must be ≤ 8·NT (≤ 64).
-// out: PlainOut, or lb_gemm_q_smalln_seg's SegOut. kRows: qmm_smalln_rows_kernel (Q4_K, Q5_K, Q6_K; not split),
-// its chunks by cp.async (kAsync) or through registers.
-template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false, typename Out = PlainOut,
-          bool kRows = false, bool kAsync = true>
+// out: PlainOut, or lb_gemm_q_smalln_seg's SegOut.
+template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit = false, typename Out = PlainOut>
 int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                       cudaStream_t stream, const Out& out = Out()) {
-    using Kn = SmallnKernel<QT, NT, MT, W, kMinBlocks, kSplit, Out, kRows, kAsync>;
     constexpr int kGroupRows = W * MT * 16;
     QmmArgs a{static_cast<const uint8_t*>(w), x, y, n_rows, k, n, 0};
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
     QmmConfig c;
-    const int st = smalln_config<QT, NT, MT, W, kMinBlocks, kSplit, Out, kRows, kAsync>(c);
+    const int st = smalln_config<QT, NT, MT, W, kMinBlocks, kSplit, Out>(c);
     if (st != LB_OK) return st;
     const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
     if constexpr (std::is_same_v<Out, SegOut>) {
@@ -353,7 +318,8 @@ int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int 
     // engine's verify gave wrong logits on the H200 while the same calls in isolation and the register
     // kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect). Its pdl_wait/pdl_trigger
     // then do nothing.
-    Kn::fn()<<<(unsigned)grid, W * 32, Kn::kSmem, stream>>>(a, out);
+    constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
+    qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out><<<(unsigned)grid, W * 32, smem, stream>>>(a, out);
     LB_LAUNCH_TRY();
     return LB_OK;
 }

@@ -9,7 +9,6 @@
 // 942 -> 2,229 tok/s; shapes G and H measured equal, G kept for Q6_K's 1-2 µs).
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 
 #include "lb_check.cuh"
 #include "qmm.cuh"
@@ -24,30 +23,8 @@ using namespace lb::q;
 // staged_launch); 8, 9: the shipped choice at n <= 32 and the staged kernel at n = 33..64 in shape G, H (see
 // wide_launch) with 6 column tiles up to n = 48 and 8 above; 10, 11: the same shapes with 8 column tiles at
 // every n = 33..64 (NT = 6 measured 47 against 54 µs at n = 33, Q4_K 5120×17408).
-// Small-N v4 (qmm_smalln_rows.cuh: weights loaded row-coalesced into a per-warp shared-memory tile; Q4_K and
-// Q6_K): select 0 runs it at n = 2..32 (where the v1 choice is a staged kernel) unless LUCEBOX_SMALLN_ROWS=0, as
-// select 14 does; 12: the v1 choice (qmm_smalln_kernel, what LUCEBOX_SMALLN_ROWS=0 gives), for same-process A/B;
-// 13: v4 in shape B (2 row tiles × 4 warps, 3 blocks per SM); 14: v4 in shape D (1 × 8, 3 blocks per SM at 80
-// registers where ptxas fits it without spills, else 2); 15: shape D with the chunks through registers (v8's
-// form: LDG into registers, STS at the item) instead of cp.async, 2 blocks per SM. Selects 13..15 apply at every
-// n = 2..32 (Q6_K at n <= 8 included); other types take their v1 choice, and n = 33..64 select 8's.
-constexpr int kSelectMax = 15;
-constexpr int kSelectV1Loads = 12;
-constexpr int kSelectRowsB = 13, kSelectRowsD = 14, kSelectRowsReg = 15;
+constexpr int kSelectMax = 11;
 std::atomic<int> g_select{0};
-
-// Whether select 0 runs the row-coalesced kernel (small-N v4) where it exists: LUCEBOX_SMALLN_ROWS=0 keeps
-// qmm_smalln_kernel (for A/B runs of whole engines), read once per process; anything else (or unset) v4.
-bool smalln_rows_enabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("LUCEBOX_SMALLN_ROWS");
-        return !(e && e[0] == '0' && e[1] == '\0');
-    }();
-    return on;
-}
-
-template <int QT>
-constexpr bool kHasRows = QT == Q4_K || QT == Q6_K;
 
 // The register kernel (qmm.cuh) for every n.
 template <int QT>
@@ -99,68 +76,11 @@ constexpr int kShippedShape = QT == Q6_K && NT == 1                 ? -1
                               : (QT == Q4_K || QT == Q8_0) && NT <= 3 ? 1
                                                                       : 3;
 
-// Blocks per SM asked of ptxas for the v4 kernel in shape D (its register cap): 3 (80 registers, 24 warps per
-// SM) up to 3 column tiles; at 4 ptxas spilled 4-8 bytes at 80 (sm_90), so 2 (128).
-template <int QT, int NT>
-constexpr int kRowsMinBlocksD = NT <= 3 ? 3 : 2;
-
-// The v4 kernel in shape B, D or D with register chunks (select 13, 14, 15); Out: PlainOut or SegOut.
-template <int QT, int NT, typename Out = PlainOut>
-int rows_launch(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                cudaStream_t s, const Out& out = Out()) {
-    if (sel == kSelectRowsB)
-        return qmm_smalln_launch<QT, NT, 2, 4, 3, false, Out, true>(w, n_rows, k, x, n, y, accumulate, s, out);
-    if (sel == kSelectRowsReg)
-        return qmm_smalln_launch<QT, NT, 1, 8, 2, false, Out, true, false>(w, n_rows, k, x, n, y, accumulate, s,
-                                                                          out);
-    return qmm_smalln_launch<QT, NT, 1, 8, kRowsMinBlocksD<QT, NT>, false, Out, true>(w, n_rows, k, x, n, y,
-                                                                                      accumulate, s, out);
-}
-
-// Whether v4 in shape D keeps at least the warps per SM of the v1 choice on this device (blocks per SM from the
-// occupancy API: registers and shared memory). On the H200 it has 16-24 against 12-16; on the sm_86 (100 KB of
-// shared memory per SM) Q6_K's tiles fit one 8-warp block where v1 fits two, and there v1 stays. Once per device
-// and instance.
-template <int QT, int NT, typename Out>
-bool rows_fit() {
-    static std::atomic<int> known[kMaxDevices];  // 0: not yet, 1: v4, 2: v1
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-    int k = known[dev].load(std::memory_order_relaxed);
-    if (k == 0) {
-        QmmConfig r, v;
-        bool ok = smalln_config<QT, NT, 1, 8, kRowsMinBlocksD<QT, NT>, false, Out, true, true>(r) == LB_OK;
-        int v1_warps = 0;
-        if constexpr (kShippedShape<QT, NT> == 1) {
-            ok = ok && smalln_config<QT, NT, 2, 4, kMinBlocksB<QT, NT>, false, Out, false, true>(v) == LB_OK;
-            v1_warps = 4 * v.grid_per_sm;
-        } else {
-            ok = ok && smalln_config<QT, NT, 1, 8, 2, false, Out, false, true>(v) == LB_OK;
-            v1_warps = 8 * v.grid_per_sm;
-        }
-        k = ok && 8 * r.grid_per_sm >= v1_warps ? 1 : 2;
-        known[dev].store(k, std::memory_order_relaxed);
-    }
-    return k == 1;
-}
-
-// Whether the shipped choice (select 0, and the segmented op unless select 12) takes the v4 kernel.
-template <int QT>
-bool use_rows(int sel) {
-    if constexpr (!kHasRows<QT>) return false;
-    else return sel != kSelectV1Loads && smalln_rows_enabled();
-}
-
 template <int QT, int NT>
 int staged_or_register(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                        cudaStream_t s) {
-    if constexpr (kHasRows<QT>)
-        if (sel > kSelectV1Loads) return rows_launch<QT, NT>(sel, w, n_rows, k, x, n, y, accumulate, s);
-    const int shape = sel >= 2 && sel < kSelectV1Loads ? sel - 2 : kShippedShape<QT, NT>;
+    const int shape = sel >= 2 ? sel - 2 : kShippedShape<QT, NT>;
     if (shape < 0) return register_dispatch<QT>(w, n_rows, k, x, n, y, accumulate, s);
-    if constexpr (kHasRows<QT>)
-        if (sel == 0 && use_rows<QT>(sel) && rows_fit<QT, NT, PlainOut>())
-            return rows_launch<QT, NT>(kSelectRowsD, w, n_rows, k, x, n, y, accumulate, s);
     return staged_launch<QT, NT>(shape, w, n_rows, k, x, n, y, accumulate, s);
 }
 
@@ -194,8 +114,8 @@ template <int QT>
 int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                     cudaStream_t s) {
     int sel = g_select.load(std::memory_order_relaxed);
-    if ((sel == 0 || sel >= kSelectV1Loads) && n > 32) sel = 8;  // shipped at n = 33..64: shape G
-    if (sel >= 8 && sel < kSelectV1Loads) {
+    if (sel == 0 && n > 32) sel = 8;  // shipped at n = 33..64: shape G
+    if (sel >= 8) {
         if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
         sel = 0;  // n <= 32: the shipped choice
     }
@@ -208,13 +128,10 @@ int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n,
 
 // lb_gemm_q_smalln_seg's launches: the shipped shape of each width (kShippedShape, wide shape G), instantiated
 // with segmented outputs for the two types whose consecutive tensors are one block stream (Q4_K, Q5_K). The A/B
-// selects do not apply here, except select 12 (the v1 loads instead of v4 at n <= 32, as LUCEBOX_SMALLN_ROWS=0).
+// selects do not apply here.
 template <int QT, int NT>
 int seg_staged(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s,
                const SegOut& sg) {
-    if constexpr (kHasRows<QT>)
-        if (use_rows<QT>(g_select.load(std::memory_order_relaxed)) && rows_fit<QT, NT, SegOut>())
-            return rows_launch<QT, NT, SegOut>(kSelectRowsD, w, n_rows, k, x, n, y, accumulate, s, sg);
     if constexpr (kShippedShape<QT, NT> == 1)
         return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>, false, SegOut>(w, n_rows, k, x, n, y, accumulate,
                                                                                   s, sg);

@@ -4,18 +4,13 @@ reference of test_quant_gemv.py, in every launch shape lb_qmm_smalln_select offe
 replaces, as a control).
 
 Every type, odd row counts, K a multiple of 256 with an odd block count, each column-tile width at its edges
-(n = 2, 7, 9, 13, 16, 23, 24, 31, 32), accumulate 0 (output NaN-poisoned first: an unwritten element stays NaN) and
+(n = 2, 7, 9, 16, 23, 24, 31, 32), accumulate 0 (output NaN-poisoned first: an unwritten element stays NaN) and
 1 (output preset to a random vector), plus shapes with several items per block (flushes mid-range, both x
 buffers, row-group wrap). Results of the stream-K atomics are compared by relative RMS error, like the others.
 
-Small-N v4 (cuda/common/qmm_smalln_rows.cuh, weights loaded row-coalesced into a shared-memory tile; Q4_K and
-Q6_K) is what select 0 runs at n = 2..32 unless LUCEBOX_SMALLN_ROWS=0; select 12 keeps the v1 kernel in the same
-process (so every test here covers both), 13..15 are v4's other forms.
-
-Script mode: `python tests/gpu/test_qmm_smalln.py [--bench | --bench-only | --bench-v4]`; --bench prints the v4
-table first (n = 23 on the 27B shapes, v4 against v1 in the same process), then n = 64 (register kernel vs each v2
+Script mode: `python tests/gpu/test_qmm_smalln.py [--bench]`; --bench prints n = 64 (register kernel vs each v2
 shape) on the 27B shapes and n = 33..57 at ffn_down, then n = 1 vs n = 23 (every kernel) on the 27B shapes, and
-the other widths at ffn_down; --bench-v4 only the first table.
+the other widths at ffn_down.
 """
 
 from __future__ import annotations
@@ -32,15 +27,11 @@ pytestmark = pytest.mark.gpu
 
 # lb_qmm_smalln_select: 0 shipped, 1 register kernel (qmm.cuh), 2..7 staged shapes A..F at n <= 32; 8..11 the
 # staged kernel at n = 33..64 ("small-N v2", shapes G, H; NT 6 up to n = 48 under 8/9, NT 8 always under 10/11)
-# 12: the shipped choice with the v1 loads (qmm_smalln_kernel, what LUCEBOX_SMALLN_ROWS=0 gives select 0); 13..15
-# small-N v4 (row-coalesced loads into a shared-memory tile, Q4_K/Q6_K; other types: their v1 choice): shape B
-# (cp.async), D (cp.async: what select 0 runs), D with the chunks through registers
 SELECT = {0: "shipped", 1: "register", 2: "staged A 2x8", 3: "staged B 2x4", 4: "staged C 1x16", 5: "staged D 1x8",
           6: "staged E 2x4 split", 7: "staged F 2x8 split"}
 WIDE_SELECT = {8: "v2 G 2x8", 9: "v2 H 1x16", 10: "v2 G 2x8 NT8", 11: "v2 H 1x16 NT8"}
-V4_SELECT = {12: "v1 loads", 13: "v4 B 2x4", 14: "v4 D 1x8", 15: "v4 D regs"}
-SELECT_MAX = 15
-NS = [2, 7, 9, 13, 16, 23, 24, 31, 32]
+SELECT_MAX = 11
+NS = [2, 7, 9, 16, 23, 24, 31, 32]
 # n = 33..64: each NT 6 / NT 8 edge and the prefill's 64
 WIDE_NS = [33, 41, 48, 57, 64]
 # (301, 7 blocks): one item per block, partial last row group; (4099, 16 blocks): 2-4 items per block in every
@@ -48,7 +39,7 @@ WIDE_NS = [33, 41, 48, 57, 64]
 SHAPES = [(301, 256 * 7), (4099, 256 * 16)]
 # the 27B FFN shape: ~10 items per block, several row-group wraps per block
 MANY_ITEMS_SHAPE = (17408, 5120)
-NAMES = {**SELECT, **WIDE_SELECT, **V4_SELECT}
+NAMES = {**SELECT, **WIDE_SELECT}
 
 
 def select(which: int) -> None:
@@ -101,29 +92,9 @@ def test_staged_smalln(qt, rows, k):
     check(qt, rows, k, NS, list(SELECT))
 
 
-# small-N v4 against the v1 kernel (12) at every verify width: odd row counts ending mid-tile, both accumulate modes
-@pytest.mark.parametrize("qt", list(QTYPES))
-@pytest.mark.parametrize("rows,k", SHAPES, ids=[f"N{r}-K{k}" for r, k in SHAPES])
-def test_v4_smalln(qt, rows, k):
-    check(qt, rows, k, NS, [0, *V4_SELECT])
-
-
 @pytest.mark.parametrize("qt", list(QTYPES))
 def test_staged_smalln_many_items(qt):
-    check(qt, *MANY_ITEMS_SHAPE, [9, 23, 32], [0, 2, 3, 4, 5, 6, 7, *V4_SELECT])
-
-
-def test_v4_knob_off_in_a_child():
-    """LUCEBOX_SMALLN_ROWS=0 (read once per process, so in a child): select 0 is then the v1 kernel; still right."""
-    import os
-    import subprocess
-    from pathlib import Path
-
-    lib()  # skips without a GPU
-    env = {**os.environ, "LUCEBOX_SMALLN_ROWS": "0"}
-    out = subprocess.run([sys.executable, str(Path(__file__)), "--knob-check"], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0 and "knob ok" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    check(qt, *MANY_ITEMS_SHAPE, [9, 23, 32], [0, 2, 3, 4, 5, 6, 7])
 
 
 # small-N v2: n = 33..64 through the staged kernel (every new select value and select 0, which ships shape G
@@ -152,21 +123,12 @@ SEGS = [(301, 256 * 7, [100, 48, 48, 105]), (4099, 256 * 16, [3000, 1099]), (174
 
 @pytest.mark.parametrize("qt", ["Q4_K", "Q5_K"])  # the types whose consecutive tensors are one block stream
 @pytest.mark.parametrize("rows,k,parts", SEGS, ids=[f"N{r}-{len(p)}seg" for r, _, p in SEGS])
-@pytest.mark.parametrize("sel", [0, 12], ids=["v4", "v1"])  # 12: the v1 loads (the segmented op's only select)
-def test_segmented_outputs(qt, rows, k, parts, sel):
+def test_segmented_outputs(qt, rows, k, parts):
     import ctypes
 
-    select(sel)
-    try:
-        _segmented(qt, rows, k, parts)
-    finally:
-        select(0)
-
-
-def _segmented(qt, rows, k, parts):
     w, ref = case(qt, rows, k)
     starts = np.cumsum([0, *parts])
-    for n in (2, 7, 13, 23, 32, 41, 64) if rows < 10000 else (23, 64):  # the 27B shape: the verify's and prefill's n
+    for n in (2, 7, 23, 41, 64) if rows < 10000 else (23, 64):  # the 27B shape: the verify's and prefill's n
         rng = np.random.default_rng(3000 + n)
         x = rng.standard_normal((n, k)).astype(np.float32)
         prod = x.astype(np.float64) @ ref.T  # [n, rows]
@@ -260,41 +222,20 @@ def bench_wide(out=print) -> None:
     _bench_table(out, [1, *WIDE_SELECT], NAMES, cases, "best / register", lambda us, one: min(us[1:]) / us[0])
 
 
-V4_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]
-
-
-def bench_v4(out=print) -> None:
-    """small-N v4: n = 23 (the verify) on the 27B shapes, v1 (select 12) against each v4 form (13..15; select 0 is
-    14 unless LUCEBOX_SMALLN_ROWS=0), same process; and the other verify widths at ffn_down."""
-    cases = [("Q4_K", name, r, k, 23) for name, r, k in V4_BENCH_SHAPES]
-    cases += [("Q6_K", name, r, k, 23) for name, r, k in (("ffn_down", 5120, 17408), ("attn_qkv", 10240, 5120))]
-    cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q4_K", "Q6_K") for n in (2, 8, 13, 16, 24, 31, 32)]
-    _bench_table(out, [12, 0, 13, 14, 15], NAMES, cases, "best v4 / v1", lambda us, one: min(us[2:]) / us[0])
-
-
 def _main(argv: list[str]) -> int:
     failed = 0
-    if "--knob-check" in argv:  # test_v4_knob_off_in_a_child: select 0 under LUCEBOX_SMALLN_ROWS=0
-        check("Q4_K", 301, 256 * 7, [2, 23, 32], [0])
-        check("Q6_K", 301, 256 * 7, [13, 24], [0])
-        print("knob ok")
-        return 0
-    if "--bench-v4" in argv:
-        bench_v4()
-        return 0
     if "--bench-only" not in argv:
         for qt in QTYPES:
             for rows, k in SHAPES:
                 try:
-                    check(qt, rows, k, NS, [*SELECT, *V4_SELECT])
+                    check(qt, rows, k, NS, list(SELECT))
                     check(qt, rows, k, WIDE_NS, [0, 1, *WIDE_SELECT])
                     print(f"PASS {qt} N{rows} K{k}", flush=True)
                 except AssertionError as exc:
                     failed += 1
                     print(f"FAIL {exc}", flush=True)
     if "--bench" in argv or "--bench-only" in argv:
-        bench_v4()  # first: the new rows matter most if the run is cut short
-        bench_wide()
+        bench_wide()  # first: the new rows matter most if the run is cut short
         bench()
     print(f"{failed} failed")
     return 1 if failed else 0
