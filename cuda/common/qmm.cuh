@@ -24,10 +24,6 @@
 // - n = 1 of Q4_K and Q5_K (the 27B decode's bulk) runs gemv_k45_kernel instead: the same items, but the
 //   mma's eight columns carry the eight sub-blocks of a 256-block, so the weights enter the mma raw and
 //   scales and mins are applied in fp32 per sub-block (~40% fewer instructions per item; "v5").
-// - n = 1 Q4_K (v8, qmm_gemv_rows.cuh) and Q6_K (qmm_gemv_rows_q6.cuh) load each warp item row-coalesced (consecutive
-//   lanes on consecutive 16-byte chunks of a row) into a per-warp shared-memory tile and read the old per-lane
-//   pieces back from it: the n = 1 GEMV's time is its load pattern (docs/perf.md "v8"). LUCEBOX_GEMV_ROWS=0 and
-//   LUCEBOX_GEMV_ROWS_Q6=0 switch them off for A/B runs.
 // - Every kernel here is launched with programmatic dependent launch (lb_pdl.cuh): its first weight loads
 //   are issued before it waits for the previous kernel, which is what x and y depend on.
 #pragma once
@@ -496,7 +492,6 @@ constexpr bool kColsType = QT == Q4_K || QT == Q5_K;
 }  // namespace lb
 
 #include "qmm_gemv_rows.cuh"
-#include "qmm_gemv_rows_q6.cuh"
 
 namespace lb {
 namespace q {
@@ -739,9 +734,10 @@ int qmm_config(QmmConfig& out) {
     return LB_OK;
 }
 
-// Blocks per SM of one n = 1 kernel (static shared memory only), worked out once per process and device.
-template <auto Kernel>
-int gemv_config(QmmConfig& out) {
+// Blocks per SM of the n = 1 sub-block-column kernel (kRows: its row-coalesced form), worked out once per
+// process and device.
+template <int QT, bool kRows>
+int gemv_cols_config(QmmConfig& out) {
     static std::mutex mu;
     static QmmConfig cache[kMaxDevices];
     int dev = 0;
@@ -752,18 +748,15 @@ int gemv_config(QmmConfig& out) {
         QmmConfig c;
         int by_regs = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-        LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, Kernel, kThreads, 0));
+        if constexpr (kRows)
+            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_rows_kernel<QT>, kThreads, 0));
+        else
+            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_kernel<QT>, kThreads, 0));
         c.grid_per_sm = std::max(by_regs, 1);
         cache[dev] = c;
     }
     out = cache[dev];
     return LB_OK;
-}
-// ... of the n = 1 sub-block-column kernel (kRows: its row-coalesced form).
-template <int QT, bool kRows>
-int gemv_cols_config(QmmConfig& out) {
-    if constexpr (kRows) return gemv_config<gemv_k45_rows_kernel<QT>>(out);
-    else return gemv_config<gemv_k45_kernel<QT>>(out);
 }
 
 // Zeroes what the product adds onto (accumulate = 0): y, or (out) every segment's output.
@@ -805,17 +798,6 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
                 }
             }
             LB_CUDA_TRY(launch_pdl(gemv_k45_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
-            return LB_OK;
-        }
-    }
-    if constexpr (NT == 1 && MT == 1 && QT == Q6_K) {
-        if (n == 1 && gemv_rows_q6_enabled()) {
-            // Q6_K: qmm_kernel's items and arithmetic with the row-coalesced loads (qmm_gemv_rows_q6.cuh)
-            const int st = gemv_config<gemv_q6_rows_kernel<QT>>(c);
-            if (st != LB_OK) return st;
-            const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
-            if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
-            LB_CUDA_TRY(launch_pdl(gemv_q6_rows_kernel<QT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
             return LB_OK;
         }
     }

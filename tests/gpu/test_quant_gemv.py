@@ -8,7 +8,7 @@ compared by relative RMS error (fp16 weights and activations into fp32 accumulat
 
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_quant_gemv.py [--bench]`, which
 also prints the bandwidth table at the 27B shapes (--gemv-bench: only its n = 1 K-quant rows; --bench-one QT ROWS K
-ITERS [N]: one shape, for a profiler; --gemv-dump PATH: test_gemv_knobs' subprocess).
+ITERS [N]: one shape, for a profiler).
 """
 
 from __future__ import annotations
@@ -142,9 +142,8 @@ def run_case(qt: str, rows: int, k: int, n: int, accumulate: int) -> float:
 
 
 # (301, 256·7) and (1001, 256·7): odd row counts and an odd number of 256-blocks per row (the last fp16 d
-# of Q6_K and Q8_0's trailing arrays sits at an even index, with no partner). (45, 768) and (333, 256): one and
-# three blocks per row, a last 16-row tile of 13 rows, and at 45 a warp wholly past the end of its row group.
-GEMV_SHAPES = [(257, 5120), (5120, 17408), (17408, 5120), (301, 256 * 7), (45, 256 * 3), (333, 256)]
+# of Q6_K and Q8_0's trailing arrays sits at an even index, with no partner).
+GEMV_SHAPES = [(257, 5120), (5120, 17408), (17408, 5120), (301, 256 * 7)]
 SMALLN_SHAPES = [(257, 5120), (1001, 256 * 7)]
 # every column-tile width the dispatch picks: n = 2, 7 (NT 1), 13 (2), 23 (3), 29 (4), 41 (6), 64 (8)
 NS = [2, 7, 13, 23, 29, 41, 64]
@@ -176,58 +175,6 @@ def test_gemm_q_smalln_many_items(qt, n):
     rows, k = MANY_ITEMS_SHAPE
     err = run_case(qt, rows, k, n, accumulate=int(n % 2))
     assert err < TOL, f"{qt} N{rows} K{k} n={n}: relative RMS {err:.2e}"
-
-
-# The n = 1 kernel switches (qmm.cuh, read once per process, hence one subprocess per setting): the default runs
-# gemv_k45_rows_kernel for Q4_K and gemv_q6_rows_kernel for Q6_K; LUCEBOX_GEMV_ROWS_Q6=0 puts Q6_K back on
-# qmm_kernel, LUCEBOX_GEMV_ROWS=0 both types on their older kernels.
-GEMV_KNOBS = {"rows": {}, "q6_old": {"LUCEBOX_GEMV_ROWS_Q6": "0"}, "all_old": {"LUCEBOX_GEMV_ROWS": "0"}}
-KNOB_TYPES = ("Q4_K", "Q6_K")
-KNOB_SHAPES = [(301, 256 * 7), (45, 256 * 3), (333, 256), (1000, 512)]
-
-
-def gemv_dump(path: str) -> int:
-    """Script mode --gemv-dump PATH: every n = 1 case of KNOB_TYPES × KNOB_SHAPES (both accumulate modes) against
-    the reference, and y of the accumulate = 0 calls saved to PATH (.npz) for test_gemv_knobs; 1 if any failed."""
-    failed, ys = 0, {}
-    for qt in KNOB_TYPES:
-        for rows, k in KNOB_SHAPES:
-            for acc in (0, 1):
-                err = run_case(qt, rows, k, 1, acc)
-                failed += not err < TOL
-                print(f"{'PASS' if err < TOL else 'FAIL'} {qt} N{rows} K{k} n1 {'acc' if acc else 'store'}: rel RMS "
-                      f"{err:.2e}", flush=True)
-            ys[f"{qt}_{rows}_{k}"] = run_pair(qt, rows, k, 1, 0)
-    np.savez(path, **ys)
-    return 1 if failed else 0
-
-
-def test_gemv_knobs(tmp_path):
-    """Each setting of the n = 1 kernel switches passes the reference on odd shapes; and at K = 256 (one item per
-    row group: one block adds each row once onto zeros, no ordering of atomics) the row-coalesced kernels give
-    the very bits of the kernels they replace: the same arithmetic, only the loads differ."""
-    import os
-    import subprocess
-    from pathlib import Path
-
-    lib()  # skips without a GPU
-    base = {k: v for k, v in os.environ.items() if not k.startswith("LUCEBOX_GEMV_ROWS")}
-    out = {}
-    for name, knobs in GEMV_KNOBS.items():
-        path = tmp_path / f"{name}.npz"
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--gemv-dump", str(path)],
-                              env={**base, **knobs}, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{name}:\n" + proc.stdout[-3000:] + proc.stderr[-3000:]
-        out[name] = np.load(path)
-    key = "{}_333_256"
-    assert np.array_equal(out["rows"][key.format("Q6_K")], out["q6_old"][key.format("Q6_K")])
-    assert np.array_equal(out["rows"][key.format("Q4_K")], out["all_old"][key.format("Q4_K")])
-    assert np.array_equal(out["q6_old"][key.format("Q6_K")], out["all_old"][key.format("Q6_K")])  # both qmm_kernel
-    for name in ("q6_old", "all_old"):
-        for qt in KNOB_TYPES:
-            for rows, k in KNOB_SHAPES:
-                a, b = out["rows"][f"{qt}_{rows}_{k}"], out[name][f"{qt}_{rows}_{k}"]
-                assert rel_rms(a.astype(np.float64), b.astype(np.float64)) < 1e-6, (name, qt, rows, k)
 
 
 def run_pair(qt: str, rows: int, k: int, n: int, pdl: int) -> np.ndarray:
@@ -300,11 +247,8 @@ def test_rejects_bad_shapes():
 
 # ---- bandwidth table at the 27B shapes (script mode, or pytest -k bandwidth -s) ------------------
 
-# The 27B's Q6_K tensors (Q4_K_M mix): ffn_down, attn_qkv and attn_v of the layers use_more_bits picks, and the
-# LM head.
 BENCH_SHAPES = [("ffn_gate/up", 17408, 5120), ("ffn_down", 5120, 17408), ("attn_qkv", 10240, 5120),
-                ("attn_gate/q", 6144, 5120), ("ssm_out/o", 5120, 6144), ("attn_v", 1024, 5120),
-                ("lm_head", 248320, 5120)]
+                ("attn_gate/q", 6144, 5120), ("ssm_out/o", 5120, 6144), ("lm_head", 248320, 5120)]
 
 
 def bandwidth_rows(peak_gbs: float = 4000.0, ns=(1,), iters: int = 50, types=tuple(QTYPES), tensors=None) -> list[dict]:
@@ -347,7 +291,7 @@ def _main(argv: list[str]) -> int:
         cases += [(qt, r, k, 1, a) for r, k in GEMV_SHAPES for a in (0, 1)]
         cases += [(qt, *MANY_ITEMS_SHAPE, n, n % 2) for n in MANY_ITEMS_NS]
         cases += [(qt, r, k, n, n % 2) for r, k in SMALLN_SHAPES for n in NS]
-    if any(f in argv for f in ("--bench-only", "--bench-one", "--gemv-bench", "--gemv-dump")):
+    if any(f in argv for f in ("--bench-only", "--bench-one", "--gemv-bench")):
         cases = []
     for qt, r, k, n, acc in cases:
         try:
@@ -358,8 +302,6 @@ def _main(argv: list[str]) -> int:
             ok, msg = False, f"{type(exc).__name__}: {exc}"
         failed += not ok
         print(f"{'PASS' if ok else 'FAIL'} {qt} N{r} K{k} n{n} {'acc' if acc else 'store'}: {msg}", flush=True)
-    if "--gemv-dump" in argv:  # test_gemv_knobs' subprocess
-        return gemv_dump(argv[argv.index("--gemv-dump") + 1])
     if "--bench-one" in argv:  # one shape, for a profiler: --bench-one QT ROWS K ITERS [N]
         args = argv[argv.index("--bench-one") + 1 :]
         qt, rows, k, iters = args[:4]
