@@ -15,9 +15,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include <algorithm>
 #include <climits>
-#include <mutex>
 
 #include "../core/cublas_gemm.cuh"
 #include "lb_check.cuh"
@@ -36,43 +34,6 @@ constexpr uint64_t kAlign = 256;
 constexpr int64_t kChunkAlign = 128;
 
 uint64_t al(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// Pipelining: a matrix of at least kPipeBytes of fp16 runs as two or more chunks in two halves of the weight
-// region, the dequantization of chunk i + 1 on a side stream while cuBLAS multiplies chunk i (the dequant is
-// memory-bound, the GEMM compute-bound: 18.8 of the 27B prefill's 93.5 ms were dequant, H200, docs/perf.md).
-// Smaller matrices stay one chunk: a GEMM of fewer rows runs at a lower rate than the dequant it would hide.
-constexpr uint64_t kPipeBytes = 64ull << 20;
-
-// The side stream and its events, one set per device, made on first use and kept for the process.
-struct Pipe {
-    cudaStream_t side = nullptr;
-    cudaEvent_t start = nullptr, dq[2] = {nullptr, nullptr}, mm[2] = {nullptr, nullptr};
-};
-constexpr int kMaxDevices = 64;
-std::mutex g_pipe_mutex;
-Pipe g_pipes[kMaxDevices];
-
-// The current device's Pipe, or nullptr (then the call runs unpipelined: correct, only slower).
-Pipe* device_pipe() {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return nullptr;
-    std::lock_guard<std::mutex> lock(g_pipe_mutex);
-    Pipe& p = g_pipes[dev];
-    if (!p.side) {
-        cudaStream_t st = nullptr;
-        Pipe q;
-        bool ok = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess;
-        q.side = st;
-        cudaEvent_t* evs[5] = {&q.start, &q.dq[0], &q.dq[1], &q.mm[0], &q.mm[1]};
-        for (cudaEvent_t* e : evs) ok = ok && cudaEventCreateWithFlags(e, cudaEventDisableTiming) == cudaSuccess;
-        if (!ok) {
-            cudaGetLastError();  // not sticky: leave no error behind for the caller's next check
-            return nullptr;
-        }
-        p = q;
-    }
-    return &p;
-}
 
 // fp32 → fp16 (RN), 8 values per thread: two 16-byte loads, one 16-byte store. count % 8 == 0.
 __global__ void __launch_bounds__(kThreads) to_f16_kernel(const float4* __restrict__ x, uint4* __restrict__ out,
@@ -112,56 +73,25 @@ extern "C" LB_API int lb_gemm_q_cublas(int qtype, const void* w, int64_t n_rows,
     if (!lb::blas::ready())
         return lb::set_error(LB_ERR_NOT_FOUND, "%s: cuBLAS not loaded (the prefill's small-N GEMMs still work: "
                              "LUCEBOX_PREFILL_GEMM=own)", __func__);
-    const int64_t fit = (int64_t)((scratch_bytes - xb) / row_bytes);  // rows of fp16 W the region holds
+    int64_t chunk = (int64_t)((scratch_bytes - xb) / row_bytes);
+    if (chunk < n_rows) chunk = chunk >= kChunkAlign ? chunk / kChunkAlign * kChunkAlign : chunk;
+    else chunk = n_rows;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     uint8_t* base = static_cast<uint8_t*>(scratch);
     void* x16 = base;
-    uint8_t* w16 = base + xb;
+    void* w16 = base + xb;
     const int64_t count8 = (int64_t)n * k / 8;
     const int64_t grid = (count8 + kThreads - 1) / kThreads;
     to_f16_kernel<<<(unsigned)(grid < 4096 ? grid : 4096), kThreads, 0, s>>>(reinterpret_cast<const float4*>(x),
                                                                              static_cast<uint4*>(x16), count8);
     LB_LAUNCH_TRY();
     const float beta = accumulate ? 1.0f : 0.0f;
-    auto gemm = [&](int64_t r0, int64_t rc, const void* wc) {
-        return lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, (int)rc, n, k, 1.0f, wc, lb::blas::kR16F, k, x16,
-                                 lb::blas::kR16F, k, beta, y + r0, lb::blas::kR32F, (int)n_rows, s);
-    };
-
-    // Two halves of the region, chunks of at most half of it (whole multiples of kChunkAlign rows), when the
-    // matrix is big enough to pay and the side stream exists.
-    const int64_t half = fit / 2 >= kChunkAlign ? fit / 2 / kChunkAlign * kChunkAlign : 0;
-    const int64_t pchunk = half ? std::min(half, (n_rows / 2 + kChunkAlign - 1) / kChunkAlign * kChunkAlign) : 0;
-    Pipe* pipe = (uint64_t)n_rows * row_bytes >= kPipeBytes && pchunk > 0 && pchunk < n_rows ? device_pipe() : nullptr;
-    if (pipe) {
-        uint8_t* buf[2] = {w16, w16 + (uint64_t)pchunk * row_bytes};
-        // the side stream starts after everything before this call on s (an earlier call's GEMMs read the region)
-        LB_CUDA_TRY(cudaEventRecord(pipe->start, s));
-        LB_CUDA_TRY(cudaStreamWaitEvent(pipe->side, pipe->start, 0));
-        int i = 0;
-        for (int64_t r0 = 0; r0 < n_rows; r0 += pchunk, ++i) {
-            const int b = i & 1;
-            const int64_t rc = std::min(pchunk, n_rows - r0);
-            if (i >= 2) LB_CUDA_TRY(cudaStreamWaitEvent(pipe->side, pipe->mm[b], 0));  // chunk i - 2's GEMM is done
-            st = lb::dequant_f16_launch(qtype, w, n_rows, k, r0, rc, buf[b], pipe->side);
-            if (st != LB_OK) return st;
-            LB_CUDA_TRY(cudaEventRecord(pipe->dq[b], pipe->side));
-            LB_CUDA_TRY(cudaStreamWaitEvent(s, pipe->dq[b], 0));
-            st = gemm(r0, rc, buf[b]);
-            if (st != LB_OK) return st;
-            LB_CUDA_TRY(cudaEventRecord(pipe->mm[b], s));
-        }
-        // every side-stream launch is waited on by s: work after this call on s sees all of it
-        return LB_OK;
-    }
-    int64_t chunk = fit;
-    if (chunk < n_rows) chunk = chunk >= kChunkAlign ? chunk / kChunkAlign * kChunkAlign : chunk;
-    else chunk = n_rows;
     for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
         const int64_t rc = n_rows - r0 < chunk ? n_rows - r0 : chunk;
         st = lb::dequant_f16_launch(qtype, w, n_rows, k, r0, rc, w16, s);
         if (st != LB_OK) return st;
-        st = gemm(r0, rc, w16);
+        st = lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, (int)rc, n, k, 1.0f, w16, lb::blas::kR16F, k, x16,
+                               lb::blas::kR16F, k, beta, y + r0, lb::blas::kR32F, (int)n_rows, s);
         if (st != LB_OK) return st;
     }
     return LB_OK;

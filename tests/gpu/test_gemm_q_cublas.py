@@ -145,24 +145,6 @@ def test_gemm_q_cublas(qt, rows, k, n, accumulate):
         assert rel_rms(got, smalln) < 2 * TOL, f"{qt} {rows}x{k} n={n}: cuBLAS and small-N differ"
 
 
-@pytest.mark.parametrize("qt", ["Q4_K", "Q6_K"])
-@pytest.mark.parametrize("accumulate", [0, 1])
-def test_gemm_q_cublas_pipelined(qt, accumulate):
-    """A matrix of >= 64 MB of fp16 runs pipelined (the next chunk's dequant on a side stream under this chunk's
-    GEMM, two buffers): with the whole-matrix scratch that is 3 chunks (buffer 0 reused once), with a 2000-row
-    scratch 10 chunks (each buffer reused four times)."""
-    needs_cublas()
-    rows, k, n = 8195, 256 * 16, 65
-    _, ref = case(qt, rows, k)
-    rng = np.random.default_rng(3000 + n)
-    want = rng.standard_normal((n, k)).astype(np.float32).astype(np.float64) @ ref.T
-    for chunk in (rows, 2000):
-        got, smalln = run_cublas(qt, rows, k, n, accumulate, chunk)
-        err = rel_rms(got, want)
-        assert err < TOL, f"{qt} {rows}x{k} acc={accumulate} chunk={chunk}: rel RMS {err:.3g} vs float64"
-        assert rel_rms(got, smalln) < 2 * TOL, f"{qt} {rows}x{k}: cuBLAS and small-N differ"
-
-
 def test_gemm_q_cublas_reports_a_small_scratch():
     needs_cublas()
     w, _ = case("Q4_K", 301, 256 * 7)
