@@ -132,9 +132,10 @@ def _gemm_id(c) -> str:
 
 
 @pytest.mark.parametrize("m,n,k,flags", [pytest.param(*c, id=_gemm_id(c)) for c in _GEMM_CASES])
-def test_gemm_bf16(lib, torch, m, n, k, flags):
+def _gemm_case(seed: int, m: int, n: int, k: int, flags: int):
+    """Random (x bits as the kernel reads them, bf16 w, float64 reference of the epilogue, y0 for RESID)."""
     epi, split_x = flags & ~S, bool(flags & S)
-    rng = np.random.default_rng(m * 7 + n + k + flags)
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal((m, k), dtype=np.float32)
     xbits = split_bf16(x) if split_x else mkmod.to_bf16_bits(x)
     x = from_split(xbits) if split_x else bf16(x)  # exactly what the kernel multiplies
@@ -147,6 +148,13 @@ def test_gemm_bf16(lib, torch, m, n, k, flags):
     y0 = rng.standard_normal((m, n), dtype=np.float32)
     if epi == GEMM_RESID:
         ref = ref + y0
+    return xbits, w, ref, y0
+
+
+def test_gemm_bf16(lib, torch, m, n, k, flags):
+    epi = flags & ~S
+    xbits, w, ref, y0 = _gemm_case(m * 7 + n + k + flags, m, n, k, flags)
+    if epi == GEMM_RESID:
         dy = dev(torch, y0)
     else:
         dy = nan_bf16(torch, 2, m, n) if epi == GEMM_SWIGLU else nan_f32(torch, m, n)
@@ -186,20 +194,7 @@ def _run_gemm(lib, torch, name, dx, dw, y0, m, n, flags):
 def test_gemm_bf16_cublas(cublas_lib, torch, m, n, k, flags):
     """lb_gemm_bf16_cublas against a float64 reference and against lb_gemm_bf16 on the same inputs."""
     lib = cublas_lib
-    epi, split_x = flags & ~S, bool(flags & S)
-    rng = np.random.default_rng(m * 11 + n + k + flags)
-    x = rng.standard_normal((m, k), dtype=np.float32)
-    xbits = split_bf16(x) if split_x else mkmod.to_bf16_bits(x)
-    x = from_split(xbits) if split_x else bf16(x)
-    rows = 2 * n if epi == GEMM_SWIGLU else n
-    w = bf16(rng.standard_normal((rows, k), dtype=np.float32) / np.float32(np.sqrt(k)))
-    ref = x.astype(np.float64) @ w.T.astype(np.float64)
-    if epi == GEMM_SWIGLU:
-        g, u = ref[:, :n], ref[:, n:]
-        ref = g / (1.0 + np.exp(-g)) * u
-    y0 = rng.standard_normal((m, n), dtype=np.float32)
-    if epi == GEMM_RESID:
-        ref = ref + y0
+    xbits, w, ref, y0 = _gemm_case(m * 11 + n + k + flags, m, n, k, flags)
     dx, dw = dev(torch, xbits), dev(torch, mkmod.to_bf16_bits(w))
     got = _run_gemm(lib, torch, "lb_gemm_bf16_cublas", dx, dw, y0, m, n, flags)
     own = _run_gemm(lib, torch, "lb_gemm_bf16", dx, dw, y0, m, n, flags)
