@@ -131,7 +131,6 @@ def _gemm_id(c) -> str:
     return f"M{c[0]}-N{c[1]}-K{c[2]}-{_EPI[c[3] & ~S]}" + ("-splitx" if c[3] & S else "")
 
 
-@pytest.mark.parametrize("m,n,k,flags", [pytest.param(*c, id=_gemm_id(c)) for c in _GEMM_CASES])
 def _gemm_case(seed: int, m: int, n: int, k: int, flags: int):
     """Random (x bits as the kernel reads them, bf16 w, float64 reference of the epilogue, y0 for RESID)."""
     epi, split_x = flags & ~S, bool(flags & S)
@@ -151,6 +150,7 @@ def _gemm_case(seed: int, m: int, n: int, k: int, flags: int):
     return xbits, w, ref, y0
 
 
+@pytest.mark.parametrize("m,n,k,flags", [pytest.param(*c, id=_gemm_id(c)) for c in _GEMM_CASES])
 def test_gemm_bf16(lib, torch, m, n, k, flags):
     epi = flags & ~S
     xbits, w, ref, y0 = _gemm_case(m * 7 + n + k + flags, m, n, k, flags)
