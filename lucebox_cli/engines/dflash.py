@@ -81,18 +81,14 @@ def graphs_default() -> bool:
     return os.environ.get("LUCEBOX_GRAPHS", "1") != "0"
 
 
-GEMM_ENV = "LUCEBOX_PREFILL_GEMM"
-GEMM_MODES = ("auto", "own", "cublas")
-
-
 def prefill_gemm_path(lib: Any, env: Optional[dict] = None) -> str:
-    """'cublas' or 'own': the 27B prefill's wide GEMMs, from LUCEBOX_PREFILL_GEMM (auto, own or cublas; default
-    auto = cublas when the library's cuBLAS is ready). cublas without a loaded cuBLAS is an error, not a fallback."""
+    """'cublas' or 'own': the 27B prefill's wide GEMMs, from LUCEBOX_PREFILL_GEMM (engines/cublas.py's gemm_mode:
+    auto, own or cublas; default auto = cublas when the library's cuBLAS is ready). cublas without a loaded cuBLAS
+    is an error, not a fallback."""
     from lucebox_cli.engines import _lib
+    from lucebox_cli.engines.cublas import GEMM_ENV, gemm_mode
 
-    mode = (env if env is not None else os.environ).get(GEMM_ENV, "").strip().lower() or "auto"
-    if mode not in GEMM_MODES:
-        raise UsageError(f"{GEMM_ENV}={mode!r} is not a prefill GEMM path", hint="use auto, own or cublas")
+    mode = gemm_mode(env)
     if mode == "own":
         return "own"
     ready = _lib.cublas_ready(lib)
