@@ -36,7 +36,7 @@ const char* cublas_status_name(cublasStatus_t st);
 
 // A handle on the current device bound to `stream` (default math), recorded as a clean lb_status on
 // failure: LB_ERR_NOT_FOUND when cuBLAS is not loaded, LB_ERR_CUDA when it cannot start on this GPU.
+// lb::blas (cuda/core/cublas_gemm.cu) makes one per device and keeps it for the process.
 int cublas_handle_create(cudaStream_t stream, cublasHandle_t* out);
-void cublas_handle_destroy(cublasHandle_t h);
 
 }  // namespace lb

@@ -1,5 +1,5 @@
 // lb::blas over the run-time cuBLAS loader (cuda/core/cublas_rt.cu, lb_cublas_load): the one door through which
-// ops call cuBLAS GEMMs (cuda/ops/gemm_q_cublas.cu). One handle per device, made on first use and kept for the
+// ops call cuBLAS GEMMs (cuda/ops/gemm_q_cublas.cu, gemm_cublas.cu). One handle per device, made on first use and kept for the
 // process (handles are cheap to keep and slow to make); the caller's stream is bound on every call, so any
 // stream works. Without a loaded cuBLAS, ready() is false and gemm_ex() returns LB_ERR_NOT_FOUND.
 #include <mutex>
@@ -33,9 +33,10 @@ int device_handle(cublasHandle_t* out) {
 
 }  // namespace
 
-bool ready() {
+int check() {
+    if (!cublas_api()) return set_error(LB_ERR_NOT_FOUND, "cuBLAS not loaded (lb_cublas_load)");
     cublasHandle_t h;
-    return cublas_api() != nullptr && device_handle(&h) == LB_OK;
+    return device_handle(&h);
 }
 
 int gemm_ex(int op_a, int op_b, int m, int n, int k, float alpha, const void* A, int a_type, int lda, const void* B,

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include "lucebox.h"
+
 namespace lb {
 namespace blas {
 
@@ -17,8 +19,10 @@ constexpr int kR16BF = 14; // CUDA_R_16BF
 constexpr int kOpN = 0;    // CUBLAS_OP_N
 constexpr int kOpT = 1;    // CUBLAS_OP_T
 
-// A cuBLAS library has been loaded (by the loader) and a handle can be used on the current device.
-bool ready();
+// A cuBLAS library has been loaded (by the loader) and a handle can be used on the current device: LB_OK, else
+// LB_ERR_NOT_FOUND (not loaded) or the handle's failure, with the message recorded.
+int check();
+inline bool ready() { return check() == LB_OK; }
 
 // cublasGemmEx with fp32 alpha / beta and CUBLAS_COMPUTE_32F on `stream` (column-major, as cuBLAS):
 // C[m, n] = alpha * op_a(A) * op_b(B) + beta * C. Types are cudaDataType ints (kR16F, kR32F, kR16BF);

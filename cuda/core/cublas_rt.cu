@@ -132,11 +132,6 @@ int cublas_handle_create(cudaStream_t stream, cublasHandle_t* out) {
     return LB_OK;
 }
 
-void cublas_handle_destroy(cublasHandle_t h) {
-    const CublasApi* api = cublas_api();
-    if (h && api) api->destroy(h);
-}
-
 }  // namespace lb
 
 extern "C" LB_API int lb_cublas_load(const char* path) {

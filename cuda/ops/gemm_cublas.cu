@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "lb_check.cuh"
-#include "lb_cublas.h"
+#include "../core/cublas_gemm.cuh"
 #include "lucebox.h"
 #include "pf_common.cuh"
 #include "pf_ops.h"
@@ -78,19 +78,13 @@ size_t gemm_cublas_scratch_bytes(int M, int N, int epi, bool split_x) {
     return (split_x ? 2 : 1) * (size_t)M * cols * sizeof(float);
 }
 
-int gemm_cublas(void* handle, const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi,
-                bool split_x, float* scratch, cudaStream_t s) {
-    const lb::CublasApi* api = lb::cublas_api();
-    if (!api) return lb::set_error(LB_ERR_NOT_FOUND, "gemm_cublas: cuBLAS is not loaded (lb_cublas_load)");
+int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi, bool split_x,
+                float* scratch, cudaStream_t s) {
     const int rows = epi == EPI_SWIGLU ? 2 * N : N;  // output columns of the GEMM (W rows)
     const int cols = (split_x ? 2 : 1) * M;          // X rows, both halves
-    const float alpha = 1.0f, beta = 0.0f;
-    const lb::cublasStatus_t st =
-        api->gemm_ex(handle, lb::CUBLAS_OP_T, lb::CUBLAS_OP_N, rows, cols, K, &alpha, W, CUDA_R_16BF, K, X, CUDA_R_16BF,
-                     K, &beta, scratch, CUDA_R_32F, rows, lb::CUBLAS_COMPUTE_32F, lb::CUBLAS_GEMM_DEFAULT);
-    if (st != lb::CUBLAS_STATUS_SUCCESS)
-        return lb::set_error(LB_ERR_CUDA, "cublasGemmEx (%d x %d x %d) failed: %s (%d)", cols, rows, K,
-                             lb::cublas_status_name(st), st);
+    const int st = lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, rows, cols, K, 1.0f, W, lb::blas::kR16BF, K, X,
+                                     lb::blas::kR16BF, K, 0.0f, scratch, lb::blas::kR32F, rows, s);
+    if (st != LB_OK) return st;
     if (split_x) launch_epilogue<2>(scratch, Y, M, N, epi, s);
     else launch_epilogue<1>(scratch, Y, M, N, epi, s);
     LB_LAUNCH_TRY();
@@ -109,22 +103,19 @@ extern "C" LB_API int lb_gemm_bf16_cublas(const void* x, const void* w, void* y,
     const int epi = epilogue & ~LB_GEMM_SPLIT_X;
     LB_CHECK_ARG(epi >= LB_GEMM_F32 && epi <= LB_GEMM_SWIGLU, "unknown epilogue");
     const bool split = (epilogue & LB_GEMM_SPLIT_X) != 0;
-    if (!lb::cublas_api()) return lb::set_error(LB_ERR_NOT_FOUND, "lb_gemm_bf16_cublas: cuBLAS is not loaded");
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    lb::cublasHandle_t h = nullptr;
-    int st = lb::cublas_handle_create(s, &h);
+    int st = lb::blas::check();
     if (st != LB_OK) return st;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
     float* scratch = nullptr;
     const char* what = "cudaMalloc (scratch)";
     cudaError_t e = cudaMalloc(&scratch, pf::gemm_cublas_scratch_bytes(m, n, epi, split));
     if (e == cudaSuccess) {
-        st = pf::gemm_cublas(h, static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w), y, m, n, k, epi,
+        st = pf::gemm_cublas(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w), y, m, n, k, epi,
                              split, scratch, s);
         what = "cudaStreamSynchronize";
         e = cudaStreamSynchronize(s);
     }
     cudaFree(scratch);
-    lb::cublas_handle_destroy(h);
     if (st != LB_OK) return st;
     if (e != cudaSuccess) return lb::set_cuda_error(e, what, __FILE__, __LINE__);
     return LB_OK;

@@ -22,11 +22,11 @@ int gemm_bf16_prepare();
 
 // ---- gemm_cublas.cu ---- (cuBLAS loaded at run time: cuda/core/cublas_rt.cu)
 // gemm_bf16's contract through one cublasGemmEx into fp32 scratch (gemm_cublas_scratch_bytes) and an
-// epilogue kernel. handle: an lb::cublasHandle_t bound to stream s. Returns an lb_status (the message
+// epilogue kernel, on stream s through lb::blas (cuda/core/cublas_gemm.cuh). Returns an lb_status (the message
 // recorded), not a cudaError_t: cuBLAS failures are not CUDA errors. Y 16-byte aligned.
 size_t gemm_cublas_scratch_bytes(int M, int N, int epi, bool split_x);
-int gemm_cublas(void* handle, const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi,
-                bool split_x, float* scratch, cudaStream_t s);
+int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi, bool split_x,
+                float* scratch, cudaStream_t s);
 
 // ---- deltanet_chunked.cu ---- (dk = dv = 128, chunk 64, everything fp32)
 constexpr int DN_D = 128;

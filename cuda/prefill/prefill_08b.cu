@@ -21,6 +21,7 @@
 #include "../megakernel/mk_handle.h"
 #include "../ops/pf_ops.h"
 #include "lb_check.cuh"
+#include "../core/cublas_gemm.cuh"
 #include "lb_cublas.h"
 #include "lucebox.h"
 
@@ -45,7 +46,6 @@ struct Prefill {
     int* part_idx = nullptr;
     int* am = nullptr;
     int gemm = LB_PREFILL_GEMM_OWN;  // the GEMM path, fixed at creation
-    lb::cublasHandle_t blas = nullptr;
     float* gemm_scr = nullptr;  // cuBLAS path: fp32 [2][Tm, GEMM_ROWS_MAX], both halves of a split GEMM
 };
 
@@ -95,7 +95,7 @@ size_t carve(Prefill* P, char* base) {
 // Y = X · Wᵀ with a split X on the context's GEMM path (an lb_status).
 int gemm(Prefill* P, const uint16_t* X, const uint16_t* W, void* Y, int T, int N, int K, int epi) {
     const cudaStream_t s = P->H->stream;
-    if (P->gemm == LB_PREFILL_GEMM_CUBLAS) return pf::gemm_cublas(P->blas, X, W, Y, T, N, K, epi, true, P->gemm_scr, s);
+    if (P->gemm == LB_PREFILL_GEMM_CUBLAS) return pf::gemm_cublas(X, W, Y, T, N, K, epi, true, P->gemm_scr, s);
     PF_TRY(pf::gemm_bf16(X, W, Y, T, N, K, epi, true, P->sm_count, s));
     return LB_OK;
 }
@@ -140,12 +140,12 @@ int segment(Prefill* P, const int32_t* tokens, int T, int pos0) {
     return LB_OK;
 }
 
-// The GEMM path of a new context: cuBLAS when asked (or, for AUTO, when one is loaded) and a handle starts
-// on the handle's stream. AUTO falls back to our kernel and leaves the reason in lb_last_error.
+// The GEMM path of a new context: cuBLAS when asked (or, for AUTO, when one is loaded) and lb::blas has a
+// handle on this device. AUTO falls back to our kernel and leaves the reason in lb_last_error.
 int choose_gemm(Prefill* P, int want) {
     P->gemm = LB_PREFILL_GEMM_OWN;
     if (want == LB_PREFILL_GEMM_OWN || (want == LB_PREFILL_GEMM_AUTO && !lb::cublas_api())) return LB_OK;
-    const int st = lb::cublas_handle_create(P->H->stream, &P->blas);
+    const int st = lb::blas::check();
     if (st == LB_OK) P->gemm = LB_PREFILL_GEMM_CUBLAS;
     return want == LB_PREFILL_GEMM_CUBLAS ? st : LB_OK;
 }
@@ -170,7 +170,6 @@ extern "C" LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, in
     int st = LB_OK;
     auto fail = [&](int status) {
         cudaFree(P->blob);
-        lb::cublas_handle_destroy(P->blas);
         delete P;
         return status;
     };
@@ -194,7 +193,6 @@ extern "C" LB_API int lb_mk_prefill_free(void* prefill) {
     if (!prefill) return LB_OK;
     Prefill* P = static_cast<Prefill*>(prefill);
     cudaFree(P->blob);
-    lb::cublas_handle_destroy(P->blas);
     delete P;
     return LB_OK;
 }
