@@ -21,6 +21,11 @@ python3 scripts/make_random_08b.py "$MODEL" --no-gguf >> "$OUT/setup.log" 2>&1 |
 bench() { timeout 150 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' bench speed "$@"; }
 for v in ${VARIANTS:-0 1 2 3}; do
   echo "== barrier $v" | tee -a "$S"
+  if [ -z "${SKIP_TESTS:-}" ]; then  # the megakernel's own gpu tests under this variant
+    LUCEBOX_MK_BARRIER=$v timeout 200 python3 -m pytest -m gpu tests/gpu/test_megakernel.py -q -p no:cacheprovider \
+      -k "logits_match or greedy or stream_equals or recurrent_state" > "$OUT/tests_$v.log" 2>&1
+    tail -1 "$OUT/tests_$v.log" | tee -a "$S"
+  fi
   LUCEBOX_MK_BARRIER=$v bench "$MODEL" -p 520 -n "${TG:-128}" -r "${REPS:-3}" > "$OUT/tg_$v.md" 2>> "$OUT/setup.log"
   grep -E "tg[0-9]|pp[0-9]" "$OUT/tg_$v.md" | tee -a "$S"
 done
