@@ -200,13 +200,14 @@ const void* kernel_for(int ring_hold) {
     static const int bar = [] {
         const char* e = std::getenv("LUCEBOX_MK_BARRIER");
         const int v = e ? std::atoi(e) : 0;
-        return v >= 0 && v <= 3 ? v : 0;
+        return v >= 0 && v <= 4 ? v : 0;
     }();
     if (ring_hold) return (const void*)decode_kernel<1, 0>;
     switch (bar) {
         case 1: return (const void*)decode_kernel<0, 1>;
         case 2: return (const void*)decode_kernel<0, 2>;
         case 3: return (const void*)decode_kernel<0, 3>;
+        case 4: return (const void*)decode_kernel<0, 4>;
         default: return (const void*)decode_kernel<0, 0>;
     }
 }
@@ -218,6 +219,7 @@ int max_blocks_per_sm(size_t smem, int* out) {
 int prepare(size_t smem) {
     const void* ks[] = {(const void*)decode_kernel<0, 0>, (const void*)decode_kernel<0, 1>,
                         (const void*)decode_kernel<0, 2>, (const void*)decode_kernel<0, 3>,
+                        (const void*)decode_kernel<0, 4>,
                         (const void*)decode_kernel<1, 0>};
     cudaError_t e = cudaSuccess;
     for (const void* k : ks)
