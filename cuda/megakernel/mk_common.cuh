@@ -215,13 +215,12 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& nb, int st
             while ((int)(ld_acquire(bar) - target) < 0) {
             }
         } else if constexpr (kBar == 4) {
-            // MEASUREMENT ONLY, not a correct barrier: the arrival has no release (the block's writes are not
-            // ordered before it). Tells whether the release fence is what waits after a GEMV phase.
+            // MEASUREMENT ONLY, not a correct barrier: no fence at all (the block's writes are not ordered before
+            // the arrival). Tells whether the fences are what waits after a GEMV phase.
             const unsigned target = nb * gridDim.x;
             asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
             while ((int)(ld_relaxed(bar) - target) < 0) {
             }
-            asm volatile("fence.acq_rel.gpu;" ::: "memory");
         } else if constexpr (kBar == 1 || kBar == 3) {
             if (atom_add_acq_rel(bar, 1) + 1 == nb * gridDim.x) {
                 st_release(flag, nb);
