@@ -187,8 +187,8 @@ __device__ __forceinline__ void mk_mark(int, int) {}
 // a stamp before the call would only say when warp 0 was done.
 constexpr int BAR_LINE = 32;                           // words per 128-byte line
 constexpr int BAR_GROUP = 16;                          // kBar 2: blocks per group (a power of two: shifts)
-constexpr int BAR_MAX_BLOCKS = 1024;
-constexpr int BAR_WORDS = (2 + BAR_MAX_BLOCKS / BAR_GROUP) * BAR_LINE;  // root counter, flag, group counters
+constexpr int BAR_MAX_BLOCKS = 512;                   // kBar 6 polls one flag per thread (THREADS = 512)
+constexpr int BAR_WORDS = BAR_MAX_BLOCKS * BAR_LINE;   // kBar 6: a line per block (the others use the first lines)
 __device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
     unsigned old;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
@@ -204,9 +204,36 @@ __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
 }
 template <int kBar>
 __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& nb, int step = 0, int mark = -1) {
+    ++nb;
+    if constexpr (kBar == 5) {
+        // every warp arrives on its own after its writes (its release orders only what it wrote; no block-wide
+        // wait before the arrival), thread 0 waits for all warps of all blocks
+        __syncwarp();
+        if (lb::lane_id() == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+        __syncthreads();
+        if (mark >= 0) mk_mark(step, mark);
+        if (threadIdx.x == 0) {
+            const unsigned target = nb * gridDim.x * WARPS;
+            while ((int)(ld_acquire(bar) - target) < 0) {
+            }
+        }
+        __syncthreads();
+        return;
+    }
+    if constexpr (kBar == 6) {
+        // per-block flags, no atomics: each block stores the barrier number to its own line; thread t < grid
+        // polls block t's flag (the CTA barrier then passes every acquire on to the whole block)
+        __syncthreads();
+        if (mark >= 0) mk_mark(step, mark);
+        if (threadIdx.x == 0) st_release(bar + BAR_LINE * blockIdx.x, nb);
+        if (threadIdx.x < gridDim.x)
+            while ((int)(ld_acquire(bar + BAR_LINE * threadIdx.x) - nb) < 0) {
+            }
+        __syncthreads();
+        return;
+    }
     __syncthreads();
     if (mark >= 0) mk_mark(step, mark);
-    ++nb;
     if (threadIdx.x == 0) {
         unsigned* flag = bar + BAR_LINE;
         if constexpr (kBar == 0) {

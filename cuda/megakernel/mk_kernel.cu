@@ -200,7 +200,7 @@ const void* kernel_for(int ring_hold) {
     static const int bar = [] {
         const char* e = std::getenv("LUCEBOX_MK_BARRIER");
         const int v = e ? std::atoi(e) : 0;
-        return v >= 0 && v <= 4 ? v : 0;
+        return v >= 0 && v <= 6 ? v : 0;
     }();
     if (ring_hold) return (const void*)decode_kernel<1, 0>;
     switch (bar) {
@@ -208,6 +208,8 @@ const void* kernel_for(int ring_hold) {
         case 2: return (const void*)decode_kernel<0, 2>;
         case 3: return (const void*)decode_kernel<0, 3>;
         case 4: return (const void*)decode_kernel<0, 4>;
+        case 5: return (const void*)decode_kernel<0, 5>;
+        case 6: return (const void*)decode_kernel<0, 6>;
         default: return (const void*)decode_kernel<0, 0>;
     }
 }
@@ -219,7 +221,8 @@ int max_blocks_per_sm(size_t smem, int* out) {
 int prepare(size_t smem) {
     const void* ks[] = {(const void*)decode_kernel<0, 0>, (const void*)decode_kernel<0, 1>,
                         (const void*)decode_kernel<0, 2>, (const void*)decode_kernel<0, 3>,
-                        (const void*)decode_kernel<0, 4>,
+                        (const void*)decode_kernel<0, 4>, (const void*)decode_kernel<0, 5>,
+                        (const void*)decode_kernel<0, 6>,
                         (const void*)decode_kernel<1, 0>};
     cudaError_t e = cudaSuccess;
     for (const void* k : ks)
