@@ -204,8 +204,8 @@ __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
 }
 template <int kBar>
 __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& nb, int step = 0, int mark = -1) {
-    ++nb;
     if constexpr (kBar == 5) {
+        ++nb;
         // every warp arrives on its own after its writes (its release orders only what it wrote; no block-wide
         // wait before the arrival), thread 0 waits for all warps of all blocks
         __syncwarp();
@@ -222,18 +222,23 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& nb, int st
     }
     if constexpr (kBar == 6) {
         // per-block flags, no atomics: each block stores the barrier number to its own line; thread t < grid
-        // polls block t's flag (the CTA barrier then passes every acquire on to the whole block)
+        // lane l of warp 0 polls the flags of blocks l, l + 32, ... (the CTA barrier then passes every acquire on to
+        // the whole block)
         __syncthreads();
         if (mark >= 0) mk_mark(step, mark);
-        if (threadIdx.x == 0) st_release(bar + BAR_LINE * blockIdx.x, nb);
-        if (threadIdx.x < gridDim.x)
-            while ((int)(ld_acquire(bar + BAR_LINE * threadIdx.x) - nb) < 0) {
-            }
+        ++nb;
+        if (threadIdx.x < 32) {
+            if (threadIdx.x == 0) st_release(bar + BAR_LINE * blockIdx.x, nb);
+            for (unsigned b = threadIdx.x; b < gridDim.x; b += 32)
+                while ((int)(ld_acquire(bar + BAR_LINE * b) - nb) < 0) {
+                }
+        }
         __syncthreads();
         return;
     }
     __syncthreads();
     if (mark >= 0) mk_mark(step, mark);
+    ++nb;
     if (threadIdx.x == 0) {
         unsigned* flag = bar + BAR_LINE;
         if constexpr (kBar == 0) {
