@@ -70,8 +70,6 @@ int choose_geometry(Handle* H) {
                              "megakernel: %d blocks requested but only %d x %d SMs can be co-resident "
                              "(%d threads, %zu B shared memory each)",
                              n_blocks, maxb, prop.multiProcessorCount, THREADS, smem);
-    if (n_blocks > BAR_MAX_BLOCKS)  // the barrier area has a group counter per 16 blocks up to this many
-        return lb::set_error(LB_ERR_UNSUPPORTED, "megakernel: %d blocks; at most %d", n_blocks, BAR_MAX_BLOCKS);
     if (!prop.cooperativeLaunch)
         return lb::set_error(LB_ERR_UNSUPPORTED, "megakernel: device %d has no cooperative launch", c.device);
     H->info.n_blocks = n_blocks;
@@ -98,7 +96,7 @@ int allocate(Handle* H) {
     const size_t n_part = (size_t)AT_HQ * H->info.max_splits * AT_PART;
     const size_t n_scr = HID + DN_IN + DN_Z + 2 * FFN + n_part + AT_O + H->info.n_blocks + (size_t)c.vocab;
     LB_CUDA_TRY(cudaMalloc(&H->scratch, n_scr * 4));
-    const size_t n_iscr = (size_t)BAR_WORDS + AT_HQ + H->info.n_blocks + 1 + c.max_context;
+    const size_t n_iscr = (size_t)H->info.n_blocks + 2 + AT_HQ + c.max_context;
     LB_CUDA_TRY(cudaMalloc(&H->iscratch, n_iscr * 4));
     LB_CUDA_TRY(cudaMemset(H->iscratch, 0, n_iscr * 4));
     LB_CUDA_TRY(cudaHostAlloc(&H->host_tokens, (size_t)c.max_context * 4, cudaHostAllocMapped));
@@ -161,12 +159,10 @@ int wire(Handle* H) {
     P.attn_out = x; x += AT_O;
     P.am_val = x; x += H->info.n_blocks;
     P.logits = x;
-    // the barrier area first (its lines 128-byte aligned, cudaMalloc'd base), then the attention counters, so
-    // that one memset per launch zeroes both
     int* ix = H->iscratch;
-    P.bar = reinterpret_cast<unsigned*>(ix); ix += BAR_WORDS;
-    P.attn_cnt = reinterpret_cast<unsigned*>(ix); ix += AT_HQ;
     P.am_idx = ix; ix += H->info.n_blocks;
+    P.bar = reinterpret_cast<unsigned*>(ix); ix += 1;
+    P.attn_cnt = reinterpret_cast<unsigned*>(ix); ix += AT_HQ;
     P.last_token = ix; ix += 1;
     P.forced = ix;
     LB_CUDA_TRY(cudaHostGetDevicePointer((void**)&P.host_tokens, H->host_tokens, 0));

@@ -71,7 +71,7 @@ struct Params {
     float* attn_part;       // [AT_HQ, max_splits, AT_PART]
     float* am_val;          // [gridDim] block-local argmax
     int* am_idx;
-    unsigned* bar;          // [BAR_WORDS] grid-barrier counters (grid_barrier), zeroed before each launch
+    unsigned* bar;          // grid-barrier counter, zeroed before each launch
     unsigned* attn_cnt;     // [AT_HQ] attention splits finished per head (the last one combines; self-resetting)
     float* attn_out;        // [AT_O] combined, gated attention output (the o_proj input)
     int* host_tokens;       // mapped pinned [n_steps]: out[s] = argmax after step s
@@ -170,114 +170,25 @@ __device__ __forceinline__ void mk_mark(int step, int i) {
 __device__ __forceinline__ void mk_mark(int, int) {}
 #endif
 
-// Grid-wide barriers (docs/perf.md "Barrier variants", session 7). All count in `nb`, this block's number of
-// barriers passed, over a zeroed area of BAR_WORDS words (P.bar, one 128-byte line per counter so that pollers
-// and atomics on different counters never share a line). Co-residency of all blocks is guaranteed by the
-// cooperative launch. The block's writes are ordered before thread 0's arrival by __syncthreads and published
-// by a release; the acquire on the way out orders what follows (CUTLASS's generic-barrier pattern). Two full
-// __threadfence()s cost ~0.3 us more per barrier (v3 profile).
-//   kBar 0: one counter; every block adds with red.release and polls it with ld.acquire.
-//   kBar 1: the counter only takes the arrivals (atom.acq_rel, whose return value tells the last arriver);
-//           the last one stores the barrier number to a separate flag line that everybody else polls, so the
-//           polls never queue with the 132 atomics on one line.
-//   kBar 2: two levels: blocks arrive on the counter of their group of BAR_GROUP; the last of a group arrives on the
-//           root; the last at the root stores the flag. <= 16 atomics per line instead of 132.
-//   kBar 3: as 1, but the poll is a relaxed load and one acquire fence follows (no per-poll acquire cost).
+// Grid-wide barrier over a monotonically increasing counter (zeroed by the host before the launch);
+// `target` is this block's running count of arrivals it expects. Co-residency of all blocks is
+// guaranteed by the cooperative launch. The block's writes are ordered before thread 0's arrival by
+// __syncthreads and published by the release add; the acquire load orders what follows (the pattern of
+// CUTLASS's generic barrier). Two full __threadfence()s cost ~0.3 us more per barrier (v3 profile).
 // With MK_PROFILE, `mark` (when >= 0) is stamped once the whole block has arrived (after the first __syncthreads):
 // a stamp before the call would only say when warp 0 was done.
-constexpr int BAR_LINE = 32;                           // words per 128-byte line
-constexpr int BAR_GROUP = 16;                          // kBar 2: blocks per group (a power of two: shifts)
-constexpr int BAR_MAX_BLOCKS = 512;                   // kBar 6 polls one flag per thread (THREADS = 512)
-constexpr int BAR_WORDS = BAR_MAX_BLOCKS * BAR_LINE;   // kBar 6: a line per block (the others use the first lines)
-__device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
-    unsigned old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-template <int kBar>
-__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& nb, int step = 0, int mark = -1) {
-    if constexpr (kBar == 5) {
-        ++nb;
-        // every warp arrives on its own after its writes (its release orders only what it wrote; no block-wide
-        // wait before the arrival), thread 0 waits for all warps of all blocks
-        __syncwarp();
-        if (lb::lane_id() == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
-        __syncthreads();
-        if (mark >= 0) mk_mark(step, mark);
-        if (threadIdx.x == 0) {
-            const unsigned target = nb * gridDim.x * WARPS;
-            while ((int)(ld_acquire(bar) - target) < 0) {
-            }
-        }
-        __syncthreads();
-        return;
-    }
-    if constexpr (kBar == 6) {
-        // per-block flags, no atomics: each block stores the barrier number to its own line; thread t < grid
-        // lane l of warp 0 polls the flags of blocks l, l + 32, ... (the CTA barrier then passes every acquire on to
-        // the whole block)
-        __syncthreads();
-        if (mark >= 0) mk_mark(step, mark);
-        ++nb;
-        if (threadIdx.x < 32) {
-            if (threadIdx.x == 0) st_release(bar + BAR_LINE * blockIdx.x, nb);
-            for (unsigned b = threadIdx.x; b < gridDim.x; b += 32)
-                while ((int)(ld_acquire(bar + BAR_LINE * b) - nb) < 0) {
-                }
-        }
-        __syncthreads();
-        return;
-    }
+__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned& target, int step = 0, int mark = -1) {
     __syncthreads();
     if (mark >= 0) mk_mark(step, mark);
-    ++nb;
+    target += gridDim.x;
     if (threadIdx.x == 0) {
-        unsigned* flag = bar + BAR_LINE;
-        if constexpr (kBar == 0) {
-            const unsigned target = nb * gridDim.x;
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
-            while ((int)(ld_acquire(bar) - target) < 0) {
-            }
-        } else if constexpr (kBar == 4) {
-            // MEASUREMENT ONLY, not a correct barrier: no fence at all (the block's writes are not ordered before
-            // the arrival). Tells whether the fences are what waits after a GEMV phase.
-            const unsigned target = nb * gridDim.x;
-            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
-            while ((int)(ld_relaxed(bar) - target) < 0) {
-            }
-        } else if constexpr (kBar == 1 || kBar == 3) {
-            if (atom_add_acq_rel(bar, 1) + 1 == nb * gridDim.x) {
-                st_release(flag, nb);
-            } else if constexpr (kBar == 1) {
-                while ((int)(ld_acquire(flag) - nb) < 0) {
-                }
-            } else {
-                while ((int)(ld_relaxed(flag) - nb) < 0) {
-                }
-                asm volatile("fence.acq_rel.gpu;" ::: "memory");
-            }
-        } else {
-            const unsigned g = blockIdx.x / BAR_GROUP, ng = (gridDim.x + BAR_GROUP - 1) / BAR_GROUP;
-            const unsigned gsize = min((unsigned)BAR_GROUP, gridDim.x - g * BAR_GROUP);
-            if (atom_add_acq_rel(flag + BAR_LINE * (1 + g), 1) + 1 == nb * gsize &&
-                atom_add_acq_rel(bar, 1) + 1 == nb * ng) {
-                st_release(flag, nb);
-            } else {
-                while ((int)(ld_acquire(flag) - nb) < 0) {
-                }
-            }
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar) : "memory");
+        while ((int)(ld_acquire(bar) - target) < 0) {
         }
     }
     __syncthreads();
 }
+
 
 // The async-copy primitives live in lb_async.cuh (shared with the quantized GEMV's bulk-copy ring).
 using lb::cp_async16;

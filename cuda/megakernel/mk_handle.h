@@ -20,7 +20,7 @@ struct Handle {
     uint8_t* sblob = nullptr;
     float* out_norm = nullptr;
     float* scratch = nullptr;  // h, y_in, o_buf, gu, attn_part, am_val, logits
-    int* iscratch = nullptr;   // bar area, attn_cnt, am_idx, last_token, forced (mk_api.cu)
+    int* iscratch = nullptr;   // am_idx, bar, last_token, forced
     int* host_tokens = nullptr;
     Params P{};
     cudaStream_t stream = nullptr;

@@ -125,9 +125,9 @@ extern "C" LB_API int lb_mk_decode_start(void* handle, const int32_t* forced, in
     if (n_forced)
         LB_CUDA_TRY(cudaMemcpyAsync(const_cast<int*>(P.forced), forced, (size_t)n_forced * 4, cudaMemcpyHostToDevice,
                                     H->stream));
-    // the barrier counters and the attention split counters (those reset themselves; zeroed too in case a
-    // launch was abandoned), adjacent (mk_api.cu)
-    LB_CUDA_TRY(cudaMemsetAsync(P.bar, 0, (BAR_WORDS + AT_HQ) * 4, H->stream));
+    // the barrier counter and the attention split counters (those reset themselves; zeroed too in case a
+    // launch was abandoned)
+    LB_CUDA_TRY(cudaMemsetAsync(P.bar, 0, (1 + AT_HQ) * 4, H->stream));
     // -1 marks tokens not yet produced, for lb_mk_decode_poll
     std::memset(H->host_tokens, 0xFF, (size_t)n_steps * 4);
     LB_CUDA_TRY(cudaEventRecord(H->ev0, H->stream));

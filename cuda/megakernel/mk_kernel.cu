@@ -9,7 +9,6 @@
 
 #ifdef MK_PROFILE
 #include <cstdio>
-#include <cstdlib>
 #endif
 
 namespace mk {
@@ -68,7 +67,7 @@ __device__ void emit_token(const Params& P, int step, int tok) {
 }
 
 // One decoder layer: 5 phases, each ended by a grid barrier.
-template <int kHold, int kBar>
+template <int kHold>
 __device__ void layer_forward(const Params& P, const Smem& sm, Ring& R, unsigned& bt, int l, int pos, int tok,
                               int step) {
     const Layer& L = P.layers[l];
@@ -77,31 +76,31 @@ __device__ void layer_forward(const Params& P, const Smem& sm, Ring& R, unsigned
     else x_rmsnorm(P, sm, P.h, nullptr, L.norm1);
     mk_mark(step, m + 0);
     gemv_run<kHold>(P, sm, R, 4 * l + 0, [&](int row, float v) { P.y_in[row] = v; });
-    grid_barrier<kBar>(P.bar, bt, step, m + 1);  // mark m + 1: the whole block has arrived
+    grid_barrier(P.bar, bt, step, m + 1);  // mark m + 1: the whole block has arrived
     mk_mark(step, m + 2);
 
     if (L.is_attn) attn_phase(P, sm, L, pos);
     else dn_phase(P, sm, L, pos);
-    grid_barrier<kBar>(P.bar, bt, step, m + 3);  // mark m + 3: the whole block has arrived
+    grid_barrier(P.bar, bt, step, m + 3);  // mark m + 3: the whole block has arrived
     mk_mark(step, m + 4);
 
     if (L.is_attn) x_attn_out(P, sm);
     else x_dn_gated_norm(P, sm, L);
     mk_mark(step, m + 5);
     gemv_run<kHold>(P, sm, R, 4 * l + 1, [&](int row, float v) { P.h[row] = ldcg(P.h + row) + v; });
-    grid_barrier<kBar>(P.bar, bt, step, m + 6);  // mark m + 6: the whole block has arrived
+    grid_barrier(P.bar, bt, step, m + 6);  // mark m + 6: the whole block has arrived
     mk_mark(step, m + 7);
 
     x_rmsnorm(P, sm, P.h, nullptr, L.norm2);
     mk_mark(step, m + 8);
     gemv_run<kHold>(P, sm, R, 4 * l + 2, [&](int row, float v) { P.gu[row] = v; });
-    grid_barrier<kBar>(P.bar, bt, step, m + 9);  // mark m + 9: the whole block has arrived
+    grid_barrier(P.bar, bt, step, m + 9);  // mark m + 9: the whole block has arrived
     mk_mark(step, m + 10);
 
     x_swiglu(P, sm);
     mk_mark(step, m + 11);
     gemv_run<kHold>(P, sm, R, 4 * l + 3, [&](int row, float v) { P.h[row] = ldcg(P.h + row) + v; });
-    grid_barrier<kBar>(P.bar, bt, step, m + 12);  // mark m + 12: the whole block has arrived
+    grid_barrier(P.bar, bt, step, m + 12);  // mark m + 12: the whole block has arrived
     mk_mark(step, m + 13);
 }
 
@@ -132,7 +131,7 @@ __device__ void print_profile(const Params& P) {
 #endif
 
 // kHold: when the weight ring refills (lb_mk_config_t.ring_hold; mk_gemv.cuh gemv_run).
-template <int kHold, int kBar>
+template <int kHold>
 __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
     extern __shared__ __align__(128) uint8_t smem_raw[];
     Smem sm;
@@ -167,7 +166,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
         if (blockIdx.x == 0)
             for (int i = threadIdx.x; i < HID; i += THREADS) P.h[i] = bf16_to_f(P.embed[(size_t)tok * HID + i]);
         mk_mark(step, 0);
-        for (int l = 0; l < nl; ++l) layer_forward<kHold, kBar>(P, sm, R, bt, l, pos, tok, step);
+        for (int l = 0; l < nl; ++l) layer_forward<kHold>(P, sm, R, bt, l, pos, tok, step);
 
         x_rmsnorm(P, sm, P.h, nullptr, P.out_norm);
         mk_mark(step, 1 + 14 * nl);
@@ -180,7 +179,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
         });
         mk_mark(step, 2 + 14 * nl);
         publish_argmax(P, sm, bv, bi);
-        grid_barrier<kBar>(P.bar, bt);
+        grid_barrier(P.bar, bt);
         mk_mark(step, 3 + 14 * nl);
     }
     if (blockIdx.x == 0) {
@@ -193,46 +192,22 @@ __global__ void __launch_bounds__(THREADS, 1) decode_kernel(Params P) {
 #endif
 }
 
-// The instances (ring_hold x barrier variant) have the same launch shape and shared memory; the occupancy query
-// asks the plain one. The barrier variant is an experiment switch for now (docs/perf.md "Barrier variants"):
-// LUCEBOX_MK_BARRIER=0..3, read once per process on the host; ring_hold = 1 pairs with variant 0 only.
-const void* kernel_for(int ring_hold) {
-    static const int bar = [] {
-        const char* e = std::getenv("LUCEBOX_MK_BARRIER");
-        const int v = e ? std::atoi(e) : 0;
-        return v >= 0 && v <= 6 ? v : 0;
-    }();
-    if (ring_hold) return (const void*)decode_kernel<1, 0>;
-    switch (bar) {
-        case 1: return (const void*)decode_kernel<0, 1>;
-        case 2: return (const void*)decode_kernel<0, 2>;
-        case 3: return (const void*)decode_kernel<0, 3>;
-        case 4: return (const void*)decode_kernel<0, 4>;
-        case 5: return (const void*)decode_kernel<0, 5>;
-        case 6: return (const void*)decode_kernel<0, 6>;
-        default: return (const void*)decode_kernel<0, 0>;
-    }
-}
-
+// Both instances have the same launch shape and shared memory; the occupancy query asks the plain one.
 int max_blocks_per_sm(size_t smem, int* out) {
-    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, decode_kernel<0, 0>, THREADS, smem);
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(out, decode_kernel<0>, THREADS, smem);
 }
 
 int prepare(size_t smem) {
-    const void* ks[] = {(const void*)decode_kernel<0, 0>, (const void*)decode_kernel<0, 1>,
-                        (const void*)decode_kernel<0, 2>, (const void*)decode_kernel<0, 3>,
-                        (const void*)decode_kernel<0, 4>, (const void*)decode_kernel<0, 5>,
-                        (const void*)decode_kernel<0, 6>,
-                        (const void*)decode_kernel<1, 0>};
-    cudaError_t e = cudaSuccess;
-    for (const void* k : ks)
-        if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(decode_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(decode_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     return (int)e;
 }
 
 int launch(const Params& P, int n_blocks, int ring_hold, cudaStream_t stream) {
     void* args[] = {const_cast<Params*>(&P)};
-    return (int)cudaLaunchCooperativeKernel(kernel_for(ring_hold), dim3(n_blocks), dim3(THREADS), args,
+    const void* k = ring_hold ? (const void*)decode_kernel<1> : (const void*)decode_kernel<0>;
+    return (int)cudaLaunchCooperativeKernel(k, dim3(n_blocks), dim3(THREADS), args,
                                            smem_bytes(P.wslots, P.slot_bytes), stream);
 }
 
