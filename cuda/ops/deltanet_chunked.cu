@@ -3,62 +3,60 @@
 // the prompt's causal conv1d / SiLU / q,k L2 norms / beta, g (dn_conv_prep), the conv-ring update and
 // the gated output norm. State layout is the decode megakernel's: S transposed, [H, dv, dk].
 //
-// Two kernels for the rule itself:
+// The rule itself:
 //  1. dn_chunk_prep, one block per (chunk, head), all chunks at once: cum = cumsum(g), the masked
 //     decayed q·kᵀ (Aqk) and the unit lower-triangular system (I + L)[u | w] = [βv | βk e^cum],
 //     L_ij = β_i k_i·k_j e^(cum_i - cum_j) (j < i), solved by forward substitution with one thread
 //     per right-hand column (256 = 128 u + 128 w columns) holding its 64 unknowns in registers.
-//  2. dn_chunk_scan, one block per (16-column dv slice, head), sequential over chunks only:
-//     v_new = u - w S; o = e^cum (q S) + Aqk v_new; S = e^last S + (k e^(last - cum))ᵀ v_new.
-// Splitting dv into 8 slices gives 128 blocks for 16 heads; the slices share nothing but reads.
-// fp32 on CUDA cores: ~1.4 GFLOP per layer at pp520. Next steps (issue 6): cp.async prefetch of the
-// next chunk (prep could store w/q pre-transposed) and a 3xTF32 tensor-core path.
+//  2. the scan, sequential over chunks: v_new = u - w S; o = e^cum (q S) + Aqk v_new;
+//     S = e^last S + (k e^(last - cum))ᵀ v_new. Two implementations, chosen at run time by
+//     LUCEBOX_DN_SCAN (read once per process):
+//       split (default): deltanet_split.cu — a sequential state pass with only v_new and the state
+//         update on the chain, then every chunk's output in parallel;
+//       split1 / split2: the same with the state pass forced single / double-buffered (default: by
+//         occupancy);
+//       fused: dn_chunk_scan below, one block per (16-column dv slice, head) doing all three per chunk
+//         (the previous default, kept for A/B timing).
+// fp32 on CUDA cores: ~1.4 GFLOP per layer at pp520 for 16 heads. Next step (issue 6): a 3xTF32
+// tensor-core path.
 #include "lb_check.cuh"
 #include "lucebox.h"
+#include <cstdlib>
+#include <cstring>
+
+#include "deltanet_chunked.cuh"
 #include "pf_common.cuh"
 #include "pf_ops.h"
 
 namespace pf {
 namespace {
 
-constexpr int D = DN_D;        // 128
-constexpr int CH = DN_CHUNK;   // 64
+using dn::CH;
+using dn::D;
+using dn::n_chunks;
+using dn::Scratch;
 constexpr int KP = D + 1;      // padded smem row of a [64][128] tile
-constexpr int LP = CH + 1;     // padded row of a [64][64] tile
-constexpr int DVS = 16;        // dv columns per scan block
+constexpr int LTP = CH + 4;    // padded, 16-byte aligned row of prep's transposed L
+constexpr int DVS = 16;        // dv columns per fused-scan block
 constexpr int WP = 2 * CH + 4;  // padded row of the scan's transposed [w; q] tile (float4-aligned)
 constexpr int AP = CH + 4;      // padded, 16-byte aligned row of the scan's Aqk tile
 constexpr int NH = 16;         // Qwen3.5-0.8B DeltaNet heads (conv prep)
 constexpr int C_QKV = 3 * NH * D;  // 6144 conv channels
 
-__host__ __device__ inline int n_chunks(int T) { return (T + CH - 1) / CH; }
-
-struct Scratch {
-    float *u, *w, *aqk, *cum;
-};
-Scratch carve(void* base, int T, int H) {
-    const size_t tp = (size_t)n_chunks(T) * CH;
-    float* p = static_cast<float*>(base);
-    Scratch s;
-    s.u = p; p += (size_t)H * T * D;
-    s.w = p; p += (size_t)H * T * D;
-    s.aqk = p; p += (size_t)H * tp * CH;
-    s.cum = p;
-    return s;
-}
-
-constexpr size_t PREP_SMEM = (size_t)(2 * CH * KP + CH * LP + 3 * CH) * 4;
+constexpr size_t PREP_SMEM = (size_t)(2 * CH * KP + CH * LTP + 3 * CH) * 4;
 constexpr size_t SCAN_SMEM = (size_t)(D * WP + D * DVS + 3 * CH * DVS + 3 * CH) * 4;
 static_assert(CH * WP + CH * AP <= D * WP, "k and Aqk fit in the freed [w; q] tile");
 
-__global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ q, const float* __restrict__ k,
-                                                     const float* __restrict__ v, const float* __restrict__ g,
-                                                     const float* __restrict__ beta, Scratch sc, int T) {
-    extern __shared__ float sm[];
+// w_t != 0: w is stored chunk-transposed ([H, nch, 128 dk, 64 rows], rows past the prompt zero) for the
+// split scan; else row-major [H, T, 128] for the fused scan.
+__global__ void __launch_bounds__(256, 2) dn_chunk_prep(const float* __restrict__ q, const float* __restrict__ k,
+                                                        const float* __restrict__ v, const float* __restrict__ g,
+                                                        const float* __restrict__ beta, Scratch sc, int T, int w_t) {
+    extern __shared__ __align__(16) float sm[];
     float* Ks = sm;                // [64][KP]
     float* Qs = Ks + CH * KP;      // [64][KP]
-    float* Lm = Qs + CH * KP;      // [64][LP] strictly lower L
-    float* cum = Lm + CH * LP;     // [64]
+    float* Lt = Qs + CH * KP;      // [64][LTP] Lt[j][i] = L_ij (strictly lower L, transposed)
+    float* cum = Lt + CH * LTP;    // [64]
     float* bet = cum + CH;         // [64]
     float* gl = bet + CH;          // [64]
     const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
@@ -88,7 +86,8 @@ __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ q
     __syncthreads();
     if (tid < CH) sc.cum[(size_t)h * nch * CH + t0 + tid] = cum[tid];
 
-    // Gram matrices k·kᵀ and q·kᵀ; thread (ti, tj) owns rows ti + 16a, columns tj + 16b.
+    // Gram matrices k·kᵀ and q·kᵀ; thread (ti, tj) owns rows ti + 16a, columns tj + 16b. Blocks a < b lie
+    // wholly above the diagonal (i <= 15 + 16a < 16b <= j), where both are masked: not computed.
     {
         const int ti = tid / 16, tj = tid % 16;
         float kk[4][4], qk[4][4];
@@ -107,7 +106,7 @@ __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ q
 #pragma unroll
             for (int a = 0; a < 4; ++a)
 #pragma unroll
-                for (int b = 0; b < 4; ++b) {
+                for (int b = 0; b <= a; ++b) {
                     kk[a][b] = fmaf(ki[a], kj[b], kk[a][b]);
                     qk[a][b] = fmaf(qi[a], kj[b], qk[a][b]);
                 }
@@ -120,29 +119,44 @@ __global__ void __launch_bounds__(256) dn_chunk_prep(const float* __restrict__ q
                 const int i = ti + 16 * a, j = tj + 16 * b;
                 // decay e^(cum_i - cum_j) only where j <= i: the exponent is never positive there
                 const float dec = j <= i ? expf(cum[i] - cum[j]) : 0.0f;
-                Lm[i * LP + j] = j < i ? bet[i] * kk[a][b] * dec : 0.0f;
+                Lt[j * LTP + i] = j < i ? bet[i] * kk[a][b] * dec : 0.0f;
                 aqk[i * CH + j] = j <= i ? qk[a][b] * dec : 0.0f;
             }
     }
-    __syncthreads();
-
-    // Forward substitution, one right-hand column per thread: columns 0..127 are u (rhs βv),
-    // 128..255 are w (rhs βk e^cum). x_i = r_i - Σ_{j<i} L_ij x_j, unknowns in registers.
+    // Right-hand sides, one column per thread: columns 0..127 are u (rhs βv, 64 independent global loads
+    // in flight together), 128..255 are w (rhs βk e^cum).
     const int col = tid & (D - 1);
     const bool is_u = tid < D;
     float x[CH];
 #pragma unroll
-    for (int i = 0; i < CH; ++i) {
-        float r = 0.0f;
-        if (i < L) r = (is_u ? v[(hrow + i) * D + col] : Ks[i * KP + col] * expf(cum[i])) * bet[i];
+    for (int i = 0; i < CH; ++i) x[i] = is_u && i < L ? v[(hrow + i) * D + col] : 0.0f;
+    __syncthreads();
 #pragma unroll
-        for (int j = 0; j < i; ++j) r = fmaf(-Lm[i * LP + j], x[j], r);
-        x[i] = r;
+    for (int i = 0; i < CH; ++i) x[i] = (is_u ? x[i] : Ks[i * KP + col] * expf(cum[i])) * bet[i];
+    // Forward substitution, column-oriented: once x_j is final, x_i -= L_ij x_j for every i > j. Each x_i
+    // sees the same fma sequence (j ascending) as the row form x_i = r_i - Σ_{j<i} L_ij x_j, but the 63
+    // updates of a step are independent (no 63-deep dependent chain), and L comes as broadcast float4s.
+#pragma unroll
+    for (int j = 0; j < CH - 1; ++j) {
+#pragma unroll
+        for (int i4 = (j + 1) / 4; i4 < CH / 4; ++i4) {
+            const float4 l = *reinterpret_cast<const float4*>(Lt + j * LTP + 4 * i4);
+            const float lv[4] = {l.x, l.y, l.z, l.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (4 * i4 + e > j) x[4 * i4 + e] = fmaf(-lv[e], x[j], x[4 * i4 + e]);
+        }
     }
-    float* dst = (is_u ? sc.u : sc.w) + hrow * D + col;
+    if (!is_u && w_t) {
+        float* dst = sc.w + (((size_t)h * nch + c) * D + col) * CH;
 #pragma unroll
-    for (int i = 0; i < CH; ++i)
-        if (i < L) dst[(size_t)i * D] = x[i];
+        for (int i = 0; i < CH; i += 4) *reinterpret_cast<float4*>(dst + i) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
+    } else {
+        float* dst = (is_u ? sc.u : sc.w) + hrow * D + col;
+#pragma unroll
+        for (int i = 0; i < CH; ++i)
+            if (i < L) dst[(size_t)i * D] = x[i];
+    }
 }
 
 // Register-blocked scan: a thread owns a 4 x 2 tile (4 rows of [w; q] or 4 dk rows of S, 2 dv
@@ -354,24 +368,38 @@ __global__ void dn_gated_norm_kernel(const float* __restrict__ o, const float* _
 
 }  // namespace
 
-size_t dn_scratch_bytes(int T, int H) {
-    const size_t tp = (size_t)n_chunks(T) * CH;
-    return ((size_t)2 * H * T * D + (size_t)H * tp * CH + (size_t)H * tp) * 4;
-}
+size_t dn_scratch_bytes(int T, int H) { return dn::scratch_floats(T, H) * 4; }
 
 int dn_prepare() {
     cudaError_t e = cudaFuncSetAttribute(dn_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PREP_SMEM);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(dn_chunk_scan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SCAN_SMEM);
+    if (e == cudaSuccess) e = (cudaError_t)dn::split_prepare();
     return (int)e;
+}
+
+// LUCEBOX_DN_SCAN: -1 = fused, 0 = split (default; state pass buffering by occupancy), 1 / 2 = split with
+// a single / double-buffered state pass. Unknown values mean the default.
+static int scan_mode() {
+    static const int mode = [] {
+        const char* e = std::getenv("LUCEBOX_DN_SCAN");
+        if (!e) return 0;
+        if (!std::strcmp(e, "fused")) return -1;
+        if (!std::strcmp(e, "split1")) return 1;
+        if (!std::strcmp(e, "split2")) return 2;
+        return 0;
+    }();
+    return mode;
 }
 
 int dn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
                float* o, void* scratch, int T, int H, cudaStream_t s) {
-    const Scratch sc = carve(scratch, T, H);
-    dn_chunk_prep<<<dim3(n_chunks(T), H), 256, PREP_SMEM, s>>>(q, k, v, g, beta, sc, T);
+    const Scratch sc = dn::carve(scratch, T, H);
+    const int mode = scan_mode();
+    dn_chunk_prep<<<dim3(n_chunks(T), H), 256, PREP_SMEM, s>>>(q, k, v, g, beta, sc, T, mode >= 0 ? 1 : 0);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return (int)e;
+    if (mode >= 0) return dn::split_scan(q, k, sc, state, o, T, H, mode, s);
     dn_chunk_scan<<<dim3(D / DVS, H), 256, SCAN_SMEM, s>>>(q, k, sc, state, o, T, H);
     return (int)cudaGetLastError();
 }

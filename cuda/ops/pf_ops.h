@@ -31,7 +31,8 @@ int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int
 // ---- deltanet_chunked.cu ---- (dk = dv = 128, chunk 64, everything fp32)
 constexpr int DN_D = 128;
 constexpr int DN_CHUNK = 64;
-// Scratch of the chunked rule for T tokens and H heads (u, w [H, Tp, 128], Aqk [H, Tp, 64], cum [H, Tp]).
+// Scratch of the chunked rule for T tokens and H heads (u, w, Aqk, cum and the chunk start states:
+// deltanet_chunked.cuh has the layout).
 size_t dn_scratch_bytes(int T, int H);
 // Opt into the shared-memory sizes of the chunk kernels (idempotent).
 int dn_prepare();

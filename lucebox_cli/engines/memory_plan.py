@@ -158,7 +158,8 @@ def gdn_prefill_scratch(t: int, hk: int, hv: int) -> int:
     """lb_gdn_prefill_scratch_bytes (cuda/ops/gdn_chunked.cu), which also covers lb_gdn_step_scratch_bytes."""
     step = t * (2 * hk * D + 2 * hv * D + 2 * hv) * 4
     tp = (t + 63) // 64 * 64
-    dn = (2 * hv * t * D + hv * tp * 64 + hv * tp) * 4
+    # pf::dn_scratch_bytes: u, w, Aqk, cum and the split scan's chunk start states (deltanet_chunked.cuh)
+    dn = (hv * t * D + hv * tp * D + hv * tp * 64 + hv * tp + hv * (tp // 64) * D * D) * 4
     chunked = _al(dn) + 3 * _al(hv * t * D * 4) + 2 * _al(hv * t * 4) + _al(hv * D * D * 4)
     return _al(step) + chunked
 

@@ -17,7 +17,8 @@ from lucebox_cli.engines import _lib
 from lucebox_cli.errors import EngineUnavailable
 from cuda_build import REPO, finish_compile, needs_nvcc, start_compile
 
-SOURCES = ["cuda/ops/gemm_bf16.cu", "cuda/ops/gemm_cublas.cu", "cuda/ops/deltanet_chunked.cu", "cuda/ops/attn_prefill.cu",
+SOURCES = ["cuda/ops/gemm_bf16.cu", "cuda/ops/gemm_cublas.cu", "cuda/ops/deltanet_chunked.cu",
+           "cuda/ops/deltanet_split.cu", "cuda/ops/attn_prefill.cu",
            "cuda/ops/pf_small.cu", "cuda/prefill/prefill_08b.cu", "cuda/core/cublas_rt.cu"]
 PROFILES = ["rtx3090-sm86", "h200-sm90"]
 
@@ -58,9 +59,11 @@ def test_entry_points_reject_bad_arguments_without_a_gpu():
     assert fn.lb_attn_prefill(p, p, p, p, 4096, 512, p, 37, 0, 8, 3, 64, None) == _lib.LB_ERR_INVALID_ARG
     assert fn.lb_attn_prefill(p, p, p, p, 4096, 512, p, 37, 40, 8, 2, 64, None) == _lib.LB_ERR_INVALID_ARG
     assert fn.lb_deltanet_chunked(p, p, p, p, p, p, p, p, 0, 16, None) == _lib.LB_ERR_INVALID_ARG
-    # u, w [H, T, 128] + Aqk [H, Tp, 64] + cum [H, Tp], Tp = T rounded up to the chunk (64)
+    # u [H, T, 128] + w [H, Tp, 128] + Aqk [H, Tp, 64] + cum [H, Tp] + chunk start states [H, Tp / 64, 128, 128],
+    # Tp = T rounded up to the chunk (64)
     t, h, tp = 520, 16, 576
-    assert fn.lb_deltanet_chunked_scratch_bytes(t, h) == 4 * (2 * h * t * 128 + h * tp * 64 + h * tp)
+    want = 4 * (h * t * 128 + h * tp * 128 + h * tp * 64 + h * tp + h * (tp // 64) * 128 * 128)
+    assert fn.lb_deltanet_chunked_scratch_bytes(t, h) == want
     assert fn.lb_deltanet_chunked_scratch_bytes(0, 16) == 0
 
 
