@@ -276,7 +276,7 @@ def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model):
     m = gpu._layers.m
     for i in range(cfg.n_layers):
         gate, up = m[f"blk.{i}.ffn_gate.weight"], m[f"blk.{i}.ffn_up.weight"]
-        if gate.qtype in (12, 13) and gate.qtype == up.qtype:
+        if gate.qtype in (12, 13, 268) and gate.qtype == up.qtype:
             assert gate.rows + up.rows in gemv_rows, f"layer {i}: gate and up not fused"
     # the DeltaNet input projections: every matrix of attn_qkv, attn_gate, ssm_beta, ssm_alpha that sits right
     # after the one before it in the arena, with the same type, launches with it (the 48-row beta and alpha
@@ -289,8 +289,8 @@ def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model):
         run = [m[names[0]]]
         for name in names[1:]:
             w, prev = m[name], run[-1]
-            nbytes = prev.rows * (prev.k // 256) * {12: 144, 13: 176}.get(prev.qtype, 0)
-            if prev.qtype in (12, 13) and w.qtype == prev.qtype and w.ptr == prev.ptr + nbytes:
+            nbytes = prev.rows * (prev.k // 256) * {12: 144, 13: 176, 268: 144}.get(prev.qtype, 0)
+            if prev.qtype in (12, 13, 268) and w.qtype == prev.qtype and w.ptr == prev.ptr + nbytes:
                 run.append(w)
             else:
                 assert len(run) == 1 or sum(x.rows for x in run) in gemv_rows, f"layer {i}: {len(run)} not fused"
