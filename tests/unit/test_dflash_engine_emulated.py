@@ -258,11 +258,17 @@ def test_speculative_decoding_is_lossless(gguf, spec, rate):
     eng.close()
 
 
-def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model):
+@pytest.mark.parametrize("tile", ["0", "1"], ids=["gguf-q4k", "tiled-q4k"])
+def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model, tile, monkeypatch):
     """At t = 1, Q4_K/Q5_K matrices that sit back to back in the arena with back-to-back outputs run as one
     GEMV (ffn_gate + ffn_up at least); a verify (t > 1) keeps one call per matrix; the results do not move
-    (the step's logits against the CPU engine, as in test_prefill_two_chunks_and_steps)."""
+    (the step's logits against the CPU engine, as in test_prefill_two_chunks_and_steps). With LUCEBOX_Q4K_TILE=1
+    the Q4_K matrices of whole 16-row tiles are qtype 268 (tiled; read back by the fake through untile_q4k) and
+    fuse among themselves."""
+    monkeypatch.setenv("LUCEBOX_Q4K_TILE", tile)
     gpu, cpu, lib = engines(gguf, cpu_model)
+    assert gpu.info["q4k_tile"] == (tile == "1")
+    assert any(w.qtype == 268 for w in gpu._layers.m.values()) == (tile == "1")
     cfg = gpu.cfg
     prompt = [5, 17, 99, 3]
     gpu.prefill(prompt)
