@@ -49,19 +49,35 @@ def can_tile(ggml_type: str, shape: tuple[int, ...]) -> bool:
     return ggml_type == "Q4_K" and len(shape) == 2 and shape[0] % TILE_ROWS == 0 and shape[1] % 256 == 0
 
 
+def _tile_copy(src: np.ndarray, rows: int, k: int, to_tiles: bool) -> np.ndarray:
+    # One strided slice copy per 256-block column, in 8-byte words (a 144-byte block is 18): ~4x the rate of one
+    # numpy copy of the transposed [rows/16, 16, nb, 144] byte array, which iterates byte by byte.
+    nb = k // 256
+    src = np.ascontiguousarray(src, np.uint8).reshape(-1)
+    out = np.empty_like(src)
+    rm = src.view(np.uint64).reshape(rows // TILE_ROWS, TILE_ROWS, nb, Q4K_BLOCK // 8)  # GGUF: [tile, r, kb]
+    tl = out.view(np.uint64).reshape(rows // TILE_ROWS, nb, TILE_ROWS, Q4K_BLOCK // 8)  # tiled: [tile, kb, r]
+    if not to_tiles:
+        rm, tl = out.view(np.uint64).reshape(rm.shape), src.view(np.uint64).reshape(tl.shape)
+    for kb in range(nb):
+        if to_tiles:
+            tl[:, kb] = rm[:, :, kb]
+        else:
+            rm[:, :, kb] = tl[:, kb]
+    return out
+
+
 def tile_q4k(raw: np.ndarray, rows: int, k: int) -> np.ndarray:
     """GGUF Q4_K bytes [rows, k] -> the tiled order: block (r, kb) at ((r // 16) * (k // 256) + kb) * 16 + r % 16
     (lb_quant_repack with LB_QT_Q4_K_TILED does the same on the GPU)."""
-    nb = k // 256
-    blocks = np.asarray(raw, np.uint8).reshape(rows // TILE_ROWS, TILE_ROWS, nb, Q4K_BLOCK)
-    return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3)).reshape(-1)
+    return _tile_copy(raw, rows, k, True)
 
 
 def untile_q4k(dev: np.ndarray, rows: int, k: int) -> np.ndarray:
     """Inverse of tile_q4k."""
-    nb = k // 256
-    blocks = np.asarray(dev, np.uint8).reshape(rows // TILE_ROWS, nb, TILE_ROWS, Q4K_BLOCK)
-    return np.ascontiguousarray(blocks.transpose(0, 2, 1, 3)).reshape(-1)
+    return _tile_copy(dev, rows, k, False)
+
+
 # (weights per block, GGUF bytes per block, byte offset of the fp16 d inside a block)
 _D_MOVED = {"Q6_K": (256, 210, 208), "Q8_0": (32, 34, 0)}
 
