@@ -410,6 +410,7 @@ __device__ __forceinline__ void k45_flush(float (&acc)[4], float* y, int64_t row
 #endif
 template <int QT>
 __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
+    static_assert(!is_tiled(QT), "row-major block addresses (Q4_K_T runs gemv_k45_rows_kernel)");
     using K = K45Cols<QT>;
     using Row = typename K::Row;
     constexpr int kGroupRows = kWarps * 16;
@@ -486,7 +487,7 @@ __global__ void LB_GEMV_COLS_BOUNDS(QT) gemv_k45_kernel(QmmArgs a) {
 }
 
 template <int QT>
-constexpr bool kColsType = QT == Q4_K || QT == Q5_K;
+constexpr bool kColsType = QT == Q4_K || QT == Q5_K || QT == Q4_K_T;
 
 }  // namespace q
 }  // namespace lb
@@ -734,9 +735,10 @@ int qmm_config(QmmConfig& out) {
     return LB_OK;
 }
 
-// Blocks per SM of the n = 1 sub-block-column kernel (kRows: its row-coalesced form), worked out once per
+// Blocks per SM of the n = 1 sub-block-column kernel (kRows: its row-coalesced form; Q4_K_T: its tiled form,
+// gemv_k45_tile_kernel), worked out once per
 // process and device.
-template <int QT, bool kRows>
+template <int QT, bool kRows, int kTileBlocks = 0>
 int gemv_cols_config(QmmConfig& out) {
     static std::mutex mu;
     static QmmConfig cache[kMaxDevices];
@@ -748,7 +750,10 @@ int gemv_cols_config(QmmConfig& out) {
         QmmConfig c;
         int by_regs = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-        if constexpr (kRows)
+        if constexpr (is_tiled(QT))
+            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_tile_kernel<QT, kTileBlocks>,
+                                                                      kThreads, 0));
+        else if constexpr (kRows)
             LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_rows_kernel<QT>, kThreads, 0));
         else
             LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_kernel<QT>, kThreads, 0));
@@ -780,7 +785,20 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
     a.items = ceil_div(n_rows, kGroupRows) * (k / QK);
     QmmConfig c;
     if constexpr (NT == 1 && MT == 1 && kColsType<QT>) {
-        if (n == 1) {
+        if constexpr (QT == Q4_K_T) {
+            // the tiled layout (qmm_gemv_rows.cuh): each warp item is one contiguous 2304-byte run
+            if (n == 1) {
+                if (a.items >= INT32_MAX) return set_error(LB_ERR_INVALID_ARG, "lb_gemv_q: %lld items", (long long)a.items);
+                const bool six = gemv_tile_blocks() == 6;
+                const int st = six ? gemv_cols_config<QT, true, 6>(c) : gemv_cols_config<QT, true, 7>(c);
+                if (st != LB_OK) return st;
+                const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
+                if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
+                LB_CUDA_TRY(launch_pdl(six ? gemv_k45_tile_kernel<QT, 6> : gemv_k45_tile_kernel<QT, 7>,
+                                       dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
+                return LB_OK;
+            }
+        } else if (n == 1) {
             // Q4_K: the row-coalesced loads (qmm_gemv_rows.cuh; 27B tg128 117.3 -> 122.5 tok/s on the H200);
             // Q5_K measured slower there in every row (its four blocks per SM), so it keeps gemv_k45_kernel
             bool rows = false;
@@ -820,13 +838,17 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
 // Shape and pointer checks shared by the entry points; LB_OK or an lb_status with the message set.
 inline int qmm_check(const char* fn, int qtype, const void* w, int64_t n_rows, int k, const float* x, int n,
                      const float* y) {
-    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0)
-        return set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d is not one of Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14)",
-                         fn, qtype);
+    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0 && qtype != Q4_K_T)
+        return set_error(LB_ERR_UNSUPPORTED,
+                         "%s: qtype %d is not one of Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14), tiled Q4_K (268)", fn,
+                         qtype);
     if (!w || !x || !y) return set_error(LB_ERR_INVALID_ARG, "%s: NULL pointer", fn);
     if (n_rows <= 0 || k <= 0 || k % QK)
         return set_error(LB_ERR_INVALID_ARG, "%s: need n_rows > 0 and k a positive multiple of 256 (got %lld, %d)",
                          fn, (long long)n_rows, k);
+    if (!rows_fit_layout(qtype, n_rows))
+        return set_error(LB_ERR_INVALID_ARG, "%s: tiled Q4_K needs n_rows a multiple of 16 (got %lld)", fn,
+                         (long long)n_rows);
     if (n < 1 || n > 64) return set_error(LB_ERR_INVALID_ARG, "%s: n = %d columns, need 1..64", fn, n);
     // 16-byte loads of x and of the weights need 16-byte aligned bases
     if (((uintptr_t)w | (uintptr_t)x) & 15) return set_error(LB_ERR_INVALID_ARG, "%s: w and x must be 16-byte aligned", fn);

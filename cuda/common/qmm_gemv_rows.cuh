@@ -115,7 +115,104 @@ __global__ void LB_GEMV_ROWS_BOUNDS(QT) gemv_k45_rows_kernel(QmmArgs a) {
     }
 }
 
-// Whether n = 1 Q4_K runs this kernel: LUCEBOX_GEMV_ROWS=0 keeps gemv_k45_kernel (for A/B runs), read once per
+// ---- n = 1, Q4_K_T (the tiled layout of quant_blocks.cuh) ---------------------------------------------------
+//
+// gemv_k45_rows_kernel's items, staging tile and K45Item arithmetic over the tiled layout, in which a warp's item
+// (16 rows × one 256-block) is 2304 contiguous bytes in exactly the chunk order above (chunk c = piece c % 9 of row
+// c / 9): lane L loads bytes 16·L + 512·i of it, so each load instruction covers 512 contiguous bytes, the "tile"
+// pattern of the load probe (scripts/probe_load_pattern.cu, H200: 15.3 µs against the row-coalesced 16.5 on Q4_K
+// 17408×5120, at six blocks per SM). Rows need no clamp: the layout has whole 16-row tiles, and a warp's tile is
+// live or skipped as a whole. The cursors are 32-bit (tile row, 256-block, items left; the launch checks that the
+// item count fits), which is what brings the registers down (ptxas, sm_90: 77 at a six-block cap, 71 at seven, no
+// spills; v8 needs 95, five blocks). kBlocks is the blocks per SM asked of ptxas on sm_90: 7 by default, 6 under
+// LUCEBOX_GEMV_TILE_BLOCKS=6 (the probe's occupancy; for A/B runs). sm_86 compiles it free.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LB_GEMV_TILE_BOUNDS(B) __launch_bounds__(kThreads, (B))
+#else
+#define LB_GEMV_TILE_BOUNDS(B) __launch_bounds__(kThreads)
+#endif
+template <int QT, int kBlocks>
+__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_kernel(QmmArgs a) {
+    static_assert(is_tiled(QT), "the tiled layout's kernel");
+    using K = K45Cols<QT>;
+    using R = K45Rows<QT>;
+    using Row = typename K::Row;
+    constexpr int64_t kItemBytes = kTileRows * K::kBlockBytes;  // 2304
+    __shared__ __align__(16) uint8_t tiles[kWarps][R::kTileBytes];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nb = a.k / QK;
+    pdl_trigger();
+    int64_t it0, end0;
+    if (!stream_k_share(a, it0, end0)) return;
+    int left = (int)(end0 - it0);                      // items of this block's share not yet finished
+    int tr = (int)(it0 / nb) * kWarps + warp;          // tile row (16 rows) of the warp's current item
+    int kb = (int)(it0 % nb);                          // its 256-block
+    const int n_tiles = (int)(a.n_rows / kTileRows);  // tr >= n_tiles: past the last row (warp-uniform)
+    uint8_t* tile = tiles[warp];
+
+    uint4 ch[R::kPerLane];
+    auto load = [&]() {
+        if (tr >= n_tiles) return;
+        const uint8_t* p = a.w + ((int64_t)tr * nb + kb) * kItemBytes + 16 * lane;
+#pragma unroll
+        for (int i = 0; i < R::kPerLane; ++i)
+            if (lane + 32 * i < R::kChunks) ch[i] = ldg_stream(p + 512 * i);
+    };
+    // chunks -> the staging tile (gemv_k45_rows_kernel's: 16 rows at kStride) -> this lane's two rows
+    auto unpack = [&](Row (&r)[2]) {
+        __syncwarp();  // every lane's reads of the previous item's tile are done
+#pragma unroll
+        for (int i = 0; i < R::kPerLane; ++i) {
+            const int c = lane + 32 * i;
+            if (c < R::kChunks)
+                *reinterpret_cast<uint4*>(tile + (c / R::kPieces) * R::kStride + 16 * (c % R::kPieces)) = ch[i];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t* b = tile + (g + 8 * h) * R::kStride;
+            r[h].hdr = *reinterpret_cast<const uint4*>(b);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) r[h].qs[j] = *reinterpret_cast<const uint2*>(b + K::kQsOff + 32 * j + 8 * t);
+        }
+    };
+
+    const K45Item<QT> item_math(g, t);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // The first item's weights are constant: their loads go out before waiting for the previous kernel (PDL).
+    load();
+    pdl_wait();
+    const float* xl = a.x + 32 * g + 8 * t;
+    for (;;) {
+        const bool live = tr < n_tiles;
+        if (live) {
+            Row r[2];
+            unpack(r);
+            item_math(r, xl + kb * QK, acc);
+        }
+        --left;
+        if ((kb + 1 == nb || left == 0) && live) k45_flush(acc, a.y, (int64_t)tr * kTileRows, a.n_rows, g, t);
+        if (left == 0) break;
+        if (++kb == nb) {
+            kb = 0;
+            tr += kWarps;
+        }
+        load();
+    }
+}
+
+// Blocks per SM asked of ptxas for gemv_k45_tile_kernel on sm_90: LUCEBOX_GEMV_TILE_BLOCKS=6 gives 6, anything else
+// (or unset) 7; read once per process.
+inline int gemv_tile_blocks() {
+    static const int b = [] {
+        const char* e = std::getenv("LUCEBOX_GEMV_TILE_BLOCKS");
+        return e && e[0] == '6' && e[1] == '\0' ? 6 : 7;
+    }();
+    return b;
+}
+
+// Whether n = 1 Q4_K runs gemv_k45_rows_kernel: LUCEBOX_GEMV_ROWS=0 keeps gemv_k45_kernel (for A/B runs), read once per
 // process; anything else (or unset) this one.
 inline bool gemv_rows_enabled() {
     static const bool on = [] {

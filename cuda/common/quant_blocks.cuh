@@ -4,6 +4,12 @@
 // Device layout (what lb_quant_repack writes; the same total bytes as the GGUF tensor):
 //   Q4_K, Q5_K  the GGUF bytes unchanged: blocks of 144 / 176 B are multiples of 16 B, so every
 //               block and every row is 16-byte aligned and lanes read it with 16-byte loads.
+//   Q4_K_T      ("tiled" Q4_K, qtype Q4_K | 0x100; rows a multiple of 16): the same 144-byte blocks, ordered
+//               [rows/16][K/256][16 rows][144 B], i.e. block (r, kb) at block index ((r/16)·(K/256) + kb)·16 +
+//               r%16 (block_index<true>). One warp item of the n = 1 GEMV (16 rows × one 256-block) is then
+//               2304 contiguous bytes, read with fully contiguous 16-byte lane loads (docs/perf.md, "v8": the
+//               probe read that pattern 7% faster than v8's row-coalesced one). A permutation of whole
+//               blocks: same bytes, and a concatenation of tiled tensors is a tiled tensor of their summed rows.
 //   Q6_K        per block [ql 128 | qh 64 | scales 16] = 208 B (row-major over all blocks), then the
 //               fp16 d of every block in one array. GGUF's 210-byte block leaves ql at 2-byte
 //               alignment, which would force 2-byte loads (8x the load instructions of the 16-byte
@@ -35,8 +41,26 @@ namespace q {
 
 // ggml type ids (the GGUF on-disk enum); also the `qtype` argument of the C API.
 enum : int { Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+// Layout flag of the qtype argument (lucebox.h LB_QT_TILED): a tiled device layout of the type in the low byte.
+constexpr int kTiledFlag = 0x100;
+enum : int { Q4_K_T = Q4_K | kTiledFlag };
+constexpr int kTileRows = 16;
 
 constexpr int QK = 256;  // weights per K-quant block, and per work item of every type
+
+__host__ __device__ constexpr inline bool is_tiled(int qt) { return (qt & kTiledFlag) != 0; }
+// Tiled layouts need whole 16-row tiles (the host keeps other tensors in the GGUF layout).
+__host__ __device__ constexpr inline bool rows_fit_layout(int qt, int64_t rows) {
+    return !is_tiled(qt) || rows % kTileRows == 0;
+}
+
+// Index, in blocks, of 256-block kb of row `row` of a tensor with nb blocks per row: row-major (the GGUF
+// order) or tiled (Q4_K_T).
+template <bool kTile>
+__host__ __device__ __forceinline__ int64_t block_index(int64_t row, int64_t kb, int64_t nb) {
+    if constexpr (kTile) return ((row >> 4) * nb + kb) * kTileRows + (row & (kTileRows - 1));
+    else return row * nb + kb;
+}
 
 // GGUF blocks, for sizes and documentation of the byte order (device code reads raw words).
 struct block_q4_K {
@@ -67,7 +91,7 @@ constexpr int kQ6Packed = 208;  // Q6_K device block without d
 
 // Bytes of a [rows, k] tensor of type qt (GGUF and device layout alike); 0 for an unknown type.
 __host__ __device__ constexpr inline int64_t tensor_bytes(int qt, int64_t rows, int64_t k) {
-    return qt == Q4_K   ? rows * (k / QK) * 144
+    return qt == Q4_K || qt == Q4_K_T ? rows * (k / QK) * 144
            : qt == Q5_K ? rows * (k / QK) * 176
            : qt == Q6_K ? rows * (k / QK) * 210
            : qt == Q8_0 ? rows * (k / 32) * 34
@@ -178,7 +202,7 @@ struct Traits;
 // Q4_K and Q5_K: chunk c, lane t reads qs bytes 64c + 16t .. +15, i.e. group j = 2c + (t >> 1),
 // r = 16(t & 1) + 4u + byte; lo weights are 64j + r (sub-block 2j), hi weights 64j + 32 + r (2j + 1).
 // Pieces: header (d|dmin, scales 0-3, 4-7, 8-11), Q5_K's qh bytes 16(t&1) .. +15, qs chunks 0 and 1.
-template <bool kFive>
+template <bool kFive, bool kTile = false>
 struct TraitsK45 {
     static constexpr int kChunks = 2;
     static constexpr int kHiLo = 2;
@@ -191,7 +215,7 @@ struct TraitsK45 {
         float d;  // unused (kD16 is false); keeps Row one shape for every type
     };
     __device__ static const uint8_t* piece(const uint8_t* w, int64_t, int k, int64_t row, int kb, int t, int p) {
-        const uint8_t* b = w + (row * (k / QK) + kb) * kBlockBytes;
+        const uint8_t* b = w + block_index<kTile>(row, kb, k / QK) * kBlockBytes;
         if (p == kHdr) return b;
         if (kFive && p == kQh) return b + 16 + 16 * (t & 1);
         return b + (kFive ? 48 : 16) + 16 * t + 64 * (p - kQs);
@@ -232,6 +256,8 @@ template <>
 struct Traits<Q4_K> : TraitsK45<false> {};
 template <>
 struct Traits<Q5_K> : TraitsK45<true> {};
+template <>
+struct Traits<Q4_K_T> : TraitsK45<false, true> {};
 
 // Q6_K (device layout): chunk c = 128-weight half, lane t reads ql bytes 64c + 16t .. +15. With
 // l = 16t + 4u + byte, lo weights are 128c + l (scale 8c + t, qh bits 2(t >> 1)), hi weights

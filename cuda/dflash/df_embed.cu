@@ -4,7 +4,7 @@
 // the host, so the host queues several steps ahead and only reads tokens as they land.
 //
 // Embedding rows are dequantized from the quantized token_embd in the device layout of
-// cuda/common/quant_blocks.cuh (Q4_K / Q5_K: GGUF blocks; Q6_K: 208-byte bodies then one fp16 d per
+// cuda/common/quant_blocks.cuh (Q4_K / Q5_K: GGUF blocks; tiled Q4_K: the same blocks in 16-row tiles; Q6_K: 208-byte bodies then one fp16 d per
 // block; Q8_0: int8 [rows, K] then fp16 d [rows, K/32]), in fp32 with the formulas of ggml's
 // dequantize_row_* (the CPU engine's numbers: gguf_io dequantizes the same bytes the same way).
 #include <cuda_fp16.h>
@@ -31,20 +31,22 @@ __device__ __forceinline__ void scale_min_k4(int is, const uint8_t* q, int& sc, 
     }
 }
 
-// Weight j (0..255) of 256-block b (row-major block index) of a [n_rows, k] tensor.
+// Weight j (0..255) of 256-block b (row-major block index; for the tiled Q4_K_T the tiled one) of a [n_rows, k]
+// tensor.
 template <int QT>
 __device__ __forceinline__ float dequant(const uint8_t* w, int64_t n_blocks, int64_t b, int j, int64_t row, int k,
                                          int cb) {
-    if constexpr (QT == 12 || QT == 13) {  // Q4_K 144 B / Q5_K 176 B: d, dmin, scales[12], (qh[32]), qs[128]
-        const uint8_t* blk = w + b * (QT == 12 ? 144 : 176);
-        const uint8_t* qs = blk + (QT == 12 ? 16 : 48);
+    using namespace lb::q;
+    if constexpr (QT == Q4_K || QT == Q5_K || QT == Q4_K_T) {  // 144 B / 176 B: d, dmin, scales[12], (qh[32]), qs[128]
+        const uint8_t* blk = w + b * (QT == Q5_K ? 176 : 144);
+        const uint8_t* qs = blk + (QT == Q5_K ? 48 : 16);
         const int g = j / 64, l = j % 64, is = j / 32;
         int q = l < 32 ? (qs[g * 32 + l] & 0xF) : (qs[g * 32 + l - 32] >> 4);
-        if constexpr (QT == 13) q += ((blk[16 + (l & 31)] >> is) & 1) << 4;
+        if constexpr (QT == Q5_K) q += ((blk[16 + (l & 31)] >> is) & 1) << 4;
         int sc, m;
         scale_min_k4(is, blk + 4, sc, m);
         return ld_half(blk) * (float)sc * (float)q - ld_half(blk + 2) * (float)m;
-    } else if constexpr (QT == 14) {  // Q6_K body [ql 128 | qh 64 | scales 16], d after all bodies
+    } else if constexpr (QT == Q6_K) {  // Q6_K body [ql 128 | qh 64 | scales 16], d after all bodies
         const uint8_t* blk = w + b * 208;
         const int n = j / 128, r = j % 128, l = r % 32, qq = r / 32;
         const uint8_t* ql = blk + 64 * n;
@@ -73,7 +75,7 @@ __global__ void __launch_bounds__(256) embed_kernel(const uint8_t* __restrict__ 
     float v = __int_as_float(0x7fc00000);
     if (row >= 0 && row < n_rows) {
         const int64_t nb_row = k / 256, n_blocks = (int64_t)n_rows * nb_row;
-        v = dequant<QT>(w, n_blocks, (int64_t)row * nb_row + cb, j, row, k, cb);
+        v = dequant<QT>(w, n_blocks, lb::q::block_index<lb::q::is_tiled(QT)>(row, cb, nb_row), j, row, k, cb);
     }
     out[(int64_t)i * k + (int64_t)cb * 256 + j] = v;
 }
@@ -105,10 +107,15 @@ extern "C" LB_API int lb_df_embed_q(int qtype, const void* w, int n_rows, int k,
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (qtype) {
         case LB_QT_Q4_K: LB_CUDA_TRY(lb::launch_pdl(embed_kernel<12>, grid, dim3(256), 0, s, W, n_rows, k, I, O)); break;
+        case LB_QT_Q4_K_TILED:
+            LB_CHECK_ARG(n_rows % 16 == 0, "tiled Q4_K needs n_rows a multiple of 16");
+            LB_CUDA_TRY(lb::launch_pdl(embed_kernel<LB_QT_Q4_K_TILED>, grid, dim3(256), 0, s, W, n_rows, k, I, O));
+            break;
         case LB_QT_Q5_K: LB_CUDA_TRY(lb::launch_pdl(embed_kernel<13>, grid, dim3(256), 0, s, W, n_rows, k, I, O)); break;
         case LB_QT_Q6_K: LB_CUDA_TRY(lb::launch_pdl(embed_kernel<14>, grid, dim3(256), 0, s, W, n_rows, k, I, O)); break;
         case LB_QT_Q8_0: LB_CUDA_TRY(lb::launch_pdl(embed_kernel<8>, grid, dim3(256), 0, s, W, n_rows, k, I, O)); break;
-        default: return lb::set_error(LB_ERR_UNSUPPORTED, "lb_df_embed_q: qtype %d (Q4_K, Q5_K, Q6_K, Q8_0)", qtype);
+        default:
+            return lb::set_error(LB_ERR_UNSUPPORTED, "lb_df_embed_q: qtype %d (Q4_K, Q5_K, Q6_K, Q8_0, tiled Q4_K)", qtype);
     }
     return LB_OK;
 }

@@ -146,8 +146,16 @@ LB_API int lb_attn_prefill(const void* qf, const void* k_cache, const void* v_ca
 #define LB_QT_Q4_K 12
 #define LB_QT_Q5_K 13
 #define LB_QT_Q6_K 14
+/* A layout flag on qtype: LB_QT_Q4_K_TILED (268) is Q4_K in the tiled device layout, the same 144-byte blocks
+ * ordered [n_rows/16][k/256][16 rows][144 B] (quant_blocks.cuh Q4_K_T; n_rows must be a multiple of 16), made by
+ * lb_quant_repack(LB_QT_Q4_K_TILED, ...) from the GGUF bytes. Every op above and below that takes Q4_K takes it
+ * (lb_gemv_q, lb_gemm_q_smalln in its shipped shapes, lb_gemm_q_smalln_seg, lb_dequant_f16, lb_gemm_q_cublas,
+ * lb_df_embed_q); consecutive tiled tensors are one tiled tensor of their summed rows. */
+#define LB_QT_TILED 0x100
+#define LB_QT_Q4_K_TILED (LB_QT_Q4_K | LB_QT_TILED)
 
-/* Bytes of a [n_rows, k] tensor of qtype (GGUF and device layout alike); 0 for a bad shape or type. */
+/* Bytes of a [n_rows, k] tensor of qtype (GGUF and device layout alike); 0 for a bad shape or type (a tiled qtype
+ * with n_rows not a multiple of 16 included). */
 LB_API uint64_t lb_quant_bytes(int qtype, int n_rows, int k);
 /* GGUF bytes (device, src) → device layout (dst, another buffer). */
 LB_API int lb_quant_repack(int qtype, const void* src, void* dst, int n_rows, int k, void* stream);

@@ -1,5 +1,5 @@
 // lb_dequant_f16: rows [row0, row0 + rows) of a quantized matrix in the device layout
-// (cuda/common/quant_blocks.cuh) to fp16 [rows, k] row-major, the first half of the cuBLAS prefill GEMM
+// (cuda/common/quant_blocks.cuh, the tiled Q4_K_T included) to fp16 [rows, k] row-major, the first half of the cuBLAS prefill GEMM
 // (cuda/ops/gemm_q_cublas.cu: dequantize a row chunk, then one tensor-core GEMM over it).
 //
 // Values: ggml's dequantize_row_* (and the gguf package's numpy twin, which the CPU engine uses) computed in
@@ -44,13 +44,20 @@ struct Raw {
     uint32_t d16;
 };
 
-// gb: the block's index in the whole tensor's row-major block stream (row * k/256 + block column).
+// gb: the block's index in the whole tensor's row-major block stream (row * nb + block column); Q4_K_T finds it
+// in the tiled order (quant_blocks.cuh block_index), nb = k / 256.
 template <int QT>
-__device__ __forceinline__ Raw load_raw(const uint8_t* __restrict__ w, int64_t n_blocks_all, int64_t gb, int lane) {
+__device__ __forceinline__ Raw load_raw(const uint8_t* __restrict__ w, int64_t n_blocks_all, int64_t gb, int nb,
+                                        int lane) {
     Raw r{};
-    if constexpr (QT == Q4_K || QT == Q5_K) {
-        constexpr int kBytes = QT == Q4_K ? 144 : 176, kQs = QT == Q4_K ? 16 : 48;
-        const uint8_t* b = w + gb * kBytes;
+    if constexpr (QT == Q4_K || QT == Q5_K || QT == Q4_K_T) {
+        constexpr int kBytes = QT == Q5_K ? 176 : 144, kQs = QT == Q5_K ? 48 : 16;
+        int64_t at = gb;
+        if constexpr (is_tiled(QT)) {
+            const int64_t row = gb / nb;
+            at = block_index<true>(row, gb - row * nb, nb);
+        }
+        const uint8_t* b = w + at * kBytes;
         r.hdr = __ldg(reinterpret_cast<const uint4*>(b));  // d, dmin, scales[12]: the same 16 B for every lane
         // weights 8 lane .. +7: qs group lane / 8, bytes 8 (lane % 4) .. +7 (low nibbles for lane % 8 < 4)
         r.q = ldg_stream8(b + kQs + 32 * (lane >> 3) + 8 * (lane & 3));
@@ -74,7 +81,7 @@ __device__ __forceinline__ Raw load_raw(const uint8_t* __restrict__ w, int64_t n
 template <int QT>
 __device__ __forceinline__ uint4 convert(const Raw& r, int lane) {
     float v[8];
-    if constexpr (QT == Q4_K || QT == Q5_K) {
+    if constexpr (QT == Q4_K || QT == Q5_K || QT == Q4_K_T) {
         const int is = lane >> 2;  // sub-block of 32 weights
         int sc, mn;
         if (is < 4) {
@@ -126,13 +133,14 @@ __device__ __forceinline__ uint4 convert(const Raw& r, int lane) {
 // grid: ceil(blocks / kBlocksPerCta); out [blocks, 256] fp16 as uint4 (32 per block).
 template <int QT>
 __global__ void __launch_bounds__(kThreads) dequant_f16_kernel(const uint8_t* __restrict__ w, int64_t n_blocks_all,
-                                                               int64_t gb0, int64_t blocks, uint4* __restrict__ out) {
+                                                               int64_t gb0, int64_t blocks, int nb,
+                                                               uint4* __restrict__ out) {
     const int lane = threadIdx.x & 31;
     const int64_t b0 = ((int64_t)blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5)) * kBlocksPerWarp;
     Raw r[kBlocksPerWarp];
 #pragma unroll
     for (int i = 0; i < kBlocksPerWarp; ++i)
-        if (b0 + i < blocks) r[i] = load_raw<QT>(w, n_blocks_all, gb0 + b0 + i, lane);
+        if (b0 + i < blocks) r[i] = load_raw<QT>(w, n_blocks_all, gb0 + b0 + i, nb, lane);
 #pragma unroll
     for (int i = 0; i < kBlocksPerWarp; ++i)
         if (b0 + i < blocks) out[(b0 + i) * 32 + lane] = convert<QT>(r[i], lane);
@@ -143,7 +151,7 @@ int launch(const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, voi
     const int64_t nb = k / QK, blocks = rows * nb;
     const int64_t grid = (blocks + kBlocksPerCta - 1) / kBlocksPerCta;
     dequant_f16_kernel<QT><<<(unsigned)grid, kThreads, 0, s>>>(static_cast<const uint8_t*>(w), n_rows * nb, row0 * nb,
-                                                                blocks, static_cast<uint4*>(out));
+                                                                blocks, (int)nb, static_cast<uint4*>(out));
     LB_LAUNCH_TRY();
     return LB_OK;
 }
@@ -157,6 +165,7 @@ int dequant_f16_launch(int qtype, const void* w, int64_t n_rows, int k, int64_t 
                        cudaStream_t s) {
     switch (qtype) {
         case Q4_K: return launch<Q4_K>(w, n_rows, k, row0, rows, out, s);
+        case Q4_K_T: return launch<Q4_K_T>(w, n_rows, k, row0, rows, out, s);
         case Q5_K: return launch<Q5_K>(w, n_rows, k, row0, rows, out, s);
         case Q6_K: return launch<Q6_K>(w, n_rows, k, row0, rows, out, s);
         case Q8_0: return launch<Q8_0>(w, n_rows, k, row0, rows, out, s);
@@ -166,9 +175,12 @@ int dequant_f16_launch(int qtype, const void* w, int64_t n_rows, int k, int64_t 
 
 // Shape checks shared with lb_gemm_q_cublas (host only: no CUDA call).
 int dequant_f16_check(const char* fn, int qtype, const void* w, int64_t n_rows, int k) {
-    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0)
-        return set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d is not Q8_0, Q4_K, Q5_K or Q6_K", fn, qtype);
+    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0 && qtype != Q4_K_T)
+        return set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d is not Q8_0, Q4_K, Q5_K, Q6_K or tiled Q4_K (268)", fn,
+                         qtype);
     if (!w) return set_error(LB_ERR_INVALID_ARG, "%s: NULL weights", fn);
+    if (!rows_fit_layout(qtype, n_rows))
+        return set_error(LB_ERR_INVALID_ARG, "%s: tiled Q4_K needs n_rows a multiple of 16", fn);
     if ((uintptr_t)w & 15) return set_error(LB_ERR_INVALID_ARG, "%s: weights must be 16-byte aligned", fn);
     if (n_rows <= 0 || k <= 0 || k % QK)
         return set_error(LB_ERR_INVALID_ARG, "%s: need n_rows > 0 and k a positive multiple of 256", fn);

@@ -9,6 +9,7 @@
 // 942 -> 2,229 tok/s; shapes G and H measured equal, G kept for Q6_K's 1-2 µs).
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "lb_check.cuh"
 #include "qmm.cuh"
@@ -52,7 +53,7 @@ int register_dispatch(const void* w, int64_t n_rows, int k, const float* x, int 
 // (256-row groups, 16 warps in one block), D 1×8 (128-row groups, two blocks of 8 warps); E and F are B and
 // A with the two row tiles split so that the next item's weights load under the current item's compute.
 template <int QT, int NT>
-constexpr int kMinBlocksB = (QT == Q4_K || QT == Q8_0) && NT <= 3 ? 3 : 2;
+constexpr int kMinBlocksB = (QT == Q4_K || QT == Q4_K_T || QT == Q8_0) && NT <= 3 ? 3 : 2;
 
 template <int QT, int NT>
 int staged_launch(int shape, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
@@ -73,8 +74,8 @@ int staged_launch(int shape, const void* w, int64_t n_rows, int k, const float* 
 // -1: the register kernel.
 template <int QT, int NT>
 constexpr int kShippedShape = QT == Q6_K && NT == 1                 ? -1
-                              : (QT == Q4_K || QT == Q8_0) && NT <= 3 ? 1
-                                                                      : 3;
+                              : (QT == Q4_K || QT == Q4_K_T || QT == Q8_0) && NT <= 3 ? 1
+                                                                                      : 3;
 
 template <int QT, int NT>
 int staged_or_register(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
@@ -126,28 +127,32 @@ int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n,
     return staged_or_register<QT, 4>(sel, w, n_rows, k, x, n, y, accumulate, s);
 }
 
-// lb_gemm_q_smalln_seg's launches: the shipped shape of each width (kShippedShape, wide shape G), instantiated
-// with segmented outputs for the two types whose consecutive tensors are one block stream (Q4_K, Q5_K). The A/B
-// selects do not apply here.
-template <int QT, int NT>
-int seg_staged(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s,
-               const SegOut& sg) {
+// The shipped shape of each width (kShippedShape, wide shape G) alone: lb_gemm_q_smalln_seg's launches (Out =
+// SegOut) for the types whose consecutive tensors are one block stream (Q4_K, Q5_K, Q4_K_T), and lb_gemm_q_smalln's
+// for the tiled Q4_K_T (Out = PlainOut), which is instantiated in the shipped shapes only (not in every launch shape
+// of the A/B selects: those stay a Q4_K measurement, and the file's build time stays). The selects do not apply.
+template <int QT, int NT, typename Out>
+int shipped_staged(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                   cudaStream_t s, const Out& out) {
     if constexpr (kShippedShape<QT, NT> == 1)
-        return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>, false, SegOut>(w, n_rows, k, x, n, y, accumulate,
-                                                                                  s, sg);
+        return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>, false, Out>(w, n_rows, k, x, n, y, accumulate, s,
+                                                                               out);
     else
-        return qmm_smalln_launch<QT, NT, 1, 8, 2, false, SegOut>(w, n_rows, k, x, n, y, accumulate, s, sg);
+        return qmm_smalln_launch<QT, NT, 1, 8, 2, false, Out>(w, n_rows, k, x, n, y, accumulate, s, out);
 }
 
-template <int QT>
-int seg_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                 cudaStream_t s, const SegOut& sg) {
-    if (n <= 8) return seg_staged<QT, 1>(w, n_rows, k, x, n, y, accumulate, s, sg);
-    if (n <= 16) return seg_staged<QT, 2>(w, n_rows, k, x, n, y, accumulate, s, sg);
-    if (n <= 24) return seg_staged<QT, 3>(w, n_rows, k, x, n, y, accumulate, s, sg);
-    if (n <= 32) return seg_staged<QT, 4>(w, n_rows, k, x, n, y, accumulate, s, sg);
-    if (n <= 48) return qmm_smalln_launch<QT, 6, 2, 8, 1, false, SegOut>(w, n_rows, k, x, n, y, accumulate, s, sg);
-    return qmm_smalln_launch<QT, 8, 2, 8, 1, false, SegOut>(w, n_rows, k, x, n, y, accumulate, s, sg);
+template <int QT, typename Out>
+int shipped_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                     cudaStream_t s, const Out& out) {
+    if constexpr (std::is_same_v<Out, PlainOut>) {
+        if (n == 1) return qmm_launch<QT, 1, 1>(w, n_rows, k, x, n, y, accumulate, s);
+    }
+    if (n <= 8) return shipped_staged<QT, 1>(w, n_rows, k, x, n, y, accumulate, s, out);
+    if (n <= 16) return shipped_staged<QT, 2>(w, n_rows, k, x, n, y, accumulate, s, out);
+    if (n <= 24) return shipped_staged<QT, 3>(w, n_rows, k, x, n, y, accumulate, s, out);
+    if (n <= 32) return shipped_staged<QT, 4>(w, n_rows, k, x, n, y, accumulate, s, out);
+    if (n <= 48) return qmm_smalln_launch<QT, 6, 2, 8, 1, false, Out>(w, n_rows, k, x, n, y, accumulate, s, out);
+    return qmm_smalln_launch<QT, 8, 2, 8, 1, false, Out>(w, n_rows, k, x, n, y, accumulate, s, out);
 }
 
 }  // namespace
@@ -159,6 +164,7 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (qtype) {
         case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s);
+        case Q4_K_T: return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
         case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
         default: return smalln_dispatch<Q8_0>(w, n_rows, k, x, n, y, accumulate, s);
@@ -181,9 +187,9 @@ extern "C" LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows,
                                            void* stream) {
     LB_CHECK_ARG(seg_rows && ys && nseg >= 1 && nseg <= kMaxSegs, "need 1..4 segments (seg_rows, ys)");
     LB_CHECK_ARG(n >= 2, "segments take n >= 2 columns (one row: lb_gemv_q over back-to-back outputs)");
-    if (qtype != Q4_K && qtype != Q5_K)
-        return lb::set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d: segments are for Q4_K (12) and Q5_K (13), whose "
-                             "consecutive tensors are one block stream", __func__, qtype);
+    if (qtype != Q4_K && qtype != Q5_K && qtype != Q4_K_T)
+        return lb::set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d: segments are for Q4_K (12), Q5_K (13) and tiled Q4_K "
+                             "(268), whose consecutive tensors are one block stream", __func__, qtype);
     SegOut sg{};
     sg.nseg = nseg;
     int64_t at = 0;
@@ -206,6 +212,7 @@ extern "C" LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows,
     const int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, ys[0]);
     if (st != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (qtype == Q4_K) return seg_dispatch<Q4_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
-    return seg_dispatch<Q5_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+    if (qtype == Q4_K) return shipped_dispatch<Q4_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+    if (qtype == Q4_K_T) return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+    return shipped_dispatch<Q5_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
 }

@@ -1,6 +1,7 @@
 // Load-time conversion of GGUF quantized tensors to the device layout of cuda/common/quant_blocks.cuh
-// (Q6_K and Q8_0 move their fp16 d out of the blocks; Q4_K and Q5_K are copied unchanged), and a
-// random-weight generator that writes the device layout directly (benchmarks, engine smoke tests).
+// (Q6_K and Q8_0 move their fp16 d out of the blocks; Q4_K and Q5_K are copied unchanged; the tiled Q4_K_T
+// reorders whole blocks into 16-row tiles), and a random-weight generator that writes the device layout
+// directly (benchmarks, engine smoke tests).
 #include "lb_check.cuh"
 #include "quant_blocks.cuh"
 
@@ -29,6 +30,17 @@ __global__ void repack_q80(const uint16_t* __restrict__ src, uint16_t* __restric
     dst[n_blocks * 16 + b] = s[0];
 }
 
+// GGUF Q4_K → Q4_K_T: one thread per 16-byte chunk of the destination, which is destination block db = d / 9,
+// piece d % 9; db = (tile row · nb + kb) · 16 + r is block (16 · tile row + r, kb) of the source.
+__global__ void tile_q4k(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n_chunks, int nb) {
+    const int64_t d = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (d >= n_chunks) return;
+    constexpr int kPieces = 144 / 16;
+    const int64_t db = d / kPieces, q = db / kTileRows;
+    const int64_t row = (q / nb) * kTileRows + (db % kTileRows), kb = q % nb;
+    dst[d] = src[(row * nb + kb) * kPieces + d % kPieces];
+}
+
 __device__ __forceinline__ uint32_t hash32(uint64_t x) {
     // splitmix64 finaliser: independent bytes from (seed, index)
     x += 0x9E3779B97F4A7C15ull;
@@ -49,8 +61,8 @@ __global__ void fix_scales(uint8_t* dst, int qtype, int64_t n_blocks, int64_t d_
     if (b >= n_blocks) return;
     const float u = (hash32(seed ^ (0xD1B54A32D192ED03ull * (b + 1))) & 0xFFFF) / 65536.0f;
     const float v = (hash32(seed ^ (0x8CB92BA72F3D8DD7ull * (b + 1))) & 0xFFFF) / 65536.0f;
-    if (qtype == Q4_K || qtype == Q5_K) {
-        __half* h = reinterpret_cast<__half*>(dst + b * (qtype == Q4_K ? 144 : 176));
+    if (qtype == Q4_K || qtype == Q5_K || qtype == Q4_K_T) {  // (tiled: every 144-byte unit is still a block)
+        __half* h = reinterpret_cast<__half*>(dst + b * (qtype == Q5_K ? 176 : 144));
         h[0] = __float2half(1e-3f * (1.0f + u));
         h[1] = __float2half(1e-3f * (1.0f + v));
     } else {
@@ -60,18 +72,21 @@ __global__ void fix_scales(uint8_t* dst, int qtype, int64_t n_blocks, int64_t d_
 }
 
 int check_shape(const char* fn, int qtype, const void* p, int n_rows, int k) {
-    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0)
-        return lb::set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d is not Q8_0, Q4_K, Q5_K or Q6_K", fn, qtype);
+    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0 && qtype != Q4_K_T)
+        return lb::set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d is not Q8_0, Q4_K, Q5_K, Q6_K or tiled Q4_K (268)", fn,
+                             qtype);
     if (!p) return lb::set_error(LB_ERR_INVALID_ARG, "%s: NULL pointer", fn);
     if (n_rows <= 0 || k <= 0 || k % QK)
         return lb::set_error(LB_ERR_INVALID_ARG, "%s: need n_rows > 0 and k a positive multiple of 256", fn);
+    if (!rows_fit_layout(qtype, n_rows))
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: tiled Q4_K needs n_rows a multiple of 16 (got %d)", fn, n_rows);
     return LB_OK;
 }
 
 }  // namespace
 
 extern "C" LB_API uint64_t lb_quant_bytes(int qtype, int n_rows, int k) {
-    if (n_rows <= 0 || k <= 0 || k % QK) return 0;
+    if (n_rows <= 0 || k <= 0 || k % QK || !rows_fit_layout(qtype, n_rows)) return 0;
     return (uint64_t)tensor_bytes(qtype, n_rows, k);
 }
 
@@ -84,6 +99,14 @@ extern "C" LB_API int lb_quant_repack(int qtype, const void* src, void* dst, int
     const size_t bytes = (size_t)tensor_bytes(qtype, n_rows, k);
     if (qtype == Q4_K || qtype == Q5_K) {
         LB_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+        return LB_OK;
+    }
+    if (qtype == Q4_K_T) {
+        LB_CHECK_ARG(!((uintptr_t)src & 15), "tiled Q4_K: src must be 16-byte aligned");
+        const int64_t n_chunks = (int64_t)bytes / 16;
+        tile_q4k<<<(unsigned)lb::ceil_div(n_chunks, 256), 256, 0, s>>>(static_cast<const uint4*>(src),
+                                                                        static_cast<uint4*>(dst), n_chunks, k / QK);
+        LB_LAUNCH_TRY();
         return LB_OK;
     }
     const int64_t n_blocks = (int64_t)n_rows * (k / (qtype == Q6_K ? QK : 32));
@@ -104,6 +127,7 @@ extern "C" LB_API int lb_quant_fill_random(int qtype, void* dst, int n_rows, int
     uint8_t* d = static_cast<uint8_t*>(dst);
     fill_bytes<<<1024, 256, 0, s>>>(d, bytes, seed);
     LB_LAUNCH_TRY();
+    // (Q4_K_T: random bytes are as random in any block order; fix_scales visits every 144-byte block)
     const int64_t n_blocks = (int64_t)n_rows * (k / (qtype == Q8_0 ? 32 : QK));
     const int64_t d_offset = qtype == Q6_K ? n_blocks * kQ6Packed : (qtype == Q8_0 ? n_blocks * 32 : 0);
     fix_scales<<<(unsigned)lb::ceil_div(n_blocks, 256), 256, 0, s>>>(d, qtype, n_blocks, d_offset, seed);

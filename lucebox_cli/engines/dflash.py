@@ -190,7 +190,8 @@ class DFlashTargetEngine:
         self.info = {"weight_bytes": arena_bytes(entries), "plan_bytes": self.plan.total, "budget": self.budget,
                      "max_context": self.max_context, "upload_s": round(self.load_s, 2),
                      "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
-                     "prefill_rows": self.prefill_rows}  # in every bench row: a run says how it was made
+                     "prefill_rows": self.prefill_rows,
+                     "q4k_tile": any(e.tiled for e in entries)}  # in every bench row: a run says how it was made
         self.last_verify_ms: Optional[float] = None
         self.reset()
 

@@ -56,8 +56,9 @@ from lucebox_cli.models.qwen35 import Qwen35Config
 
 F32 = 4
 KV_F16 = 0
-# bytes per 256 weights of the types whose device layout is the GGUF block stream as is (Q4_K, Q5_K)
-_ROW_BYTES_PER_256 = {12: 144, 13: 176}
+# bytes per 256 weights of the types whose device layout is one block stream per tensor, so that back-to-back
+# tensors are one tensor of their summed rows: Q4_K, Q5_K (the GGUF bytes), tiled Q4_K (268: whole 16-row tiles)
+_ROW_BYTES_PER_256 = {12: 144, 13: 176, 268: 144}
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,11 @@ side of the embedding.
 not take: matrices must be Q4_K, Q5_K, Q6_K or Q8_0 with rows a multiple of 256; vectors and the conv
 weight F32. `device_bytes(entry, raw)` turns a tensor's GGUF bytes into the device layout of
 cuda/common/quant_blocks.cuh: Q4_K / Q5_K unchanged, Q6_K and Q8_0 with every block's fp16 d moved to
-one trailing array. That repack is done here on the host (a byte shuffle of one tensor at a time), so
-loading needs no device staging buffer; the gpu test compares it with lb_quant_repack bit for bit.
+one trailing array, and (LUCEBOX_Q4K_TILE=1) Q4_K tensors whose rows are a multiple of 16 in the tiled
+layout (qtype LB_QT_Q4_K_TILED: blocks ordered [rows/16][K/256][16 rows], so that the n = 1 GEMV reads
+each warp item as one contiguous 2304-byte run). That repack is done here on the host (a byte shuffle
+of one tensor at a time), so loading needs no device staging buffer; the gpu test compares it with
+lb_quant_repack bit for bit.
 
 The embedding of an untied model never goes to the device: `EmbeddingRows` dequantizes only the rows of
 the tokens being fed, from the memory-mapped file.
@@ -15,8 +18,9 @@ the tokens being fed, from the memory-mapped file.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -26,23 +30,85 @@ from lucebox_cli.models.qwen35 import Qwen35Config, expected_tensors
 
 # ggml type name -> the C API's qtype id (LB_QT_*)
 QTYPE_IDS = {"Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# LB_QT_Q4_K_TILED: Q4_K blocks in 16-row tiles (cuda/common/quant_blocks.cuh Q4_K_T)
+Q4K_TILED = 12 | 0x100
+TILE_ROWS = 16
+Q4K_BLOCK = 144
+TILE_ENV = "LUCEBOX_Q4K_TILE"
+
+
+def q4k_tile_default(env: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether the engine uploads Q4_K tensors tiled: LUCEBOX_Q4K_TILE=1 (read at engine creation); off by
+    default (0 or unset) until the tiled kernels have run on a GPU."""
+    env = os.environ if env is None else env
+    return env.get(TILE_ENV, "0") == "1"
+
+
+def can_tile(ggml_type: str, shape: tuple[int, ...]) -> bool:
+    """The tiled layout takes Q4_K matrices of whole 16-row tiles; others keep their layout."""
+    return ggml_type == "Q4_K" and len(shape) == 2 and shape[0] % TILE_ROWS == 0 and shape[1] % 256 == 0
+
+
+def _tile_copy(src: np.ndarray, rows: int, k: int, to_tiles: bool) -> np.ndarray:
+    # One strided slice copy per 256-block column, in 8-byte words (a 144-byte block is 18): ~4x the rate of one
+    # numpy copy of the transposed [rows/16, 16, nb, 144] byte array, which iterates byte by byte.
+    nb = k // 256
+    src = np.ascontiguousarray(src, np.uint8).reshape(-1)
+    out = np.empty_like(src)
+    rm = src.view(np.uint64).reshape(rows // TILE_ROWS, TILE_ROWS, nb, Q4K_BLOCK // 8)  # GGUF: [tile, r, kb]
+    tl = out.view(np.uint64).reshape(rows // TILE_ROWS, nb, TILE_ROWS, Q4K_BLOCK // 8)  # tiled: [tile, kb, r]
+    if not to_tiles:
+        rm, tl = out.view(np.uint64).reshape(rm.shape), src.view(np.uint64).reshape(tl.shape)
+    for kb in range(nb):
+        if to_tiles:
+            tl[:, kb] = rm[:, :, kb]
+        else:
+            rm[:, :, kb] = tl[:, kb]
+    return out
+
+
+def tile_q4k(raw: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """GGUF Q4_K bytes [rows, k] -> the tiled order: block (r, kb) at ((r // 16) * (k // 256) + kb) * 16 + r % 16
+    (lb_quant_repack with LB_QT_Q4_K_TILED does the same on the GPU)."""
+    return _tile_copy(raw, rows, k, True)
+
+
+def untile_q4k(dev: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """Inverse of tile_q4k."""
+    return _tile_copy(dev, rows, k, False)
+
+
 # (weights per block, GGUF bytes per block, byte offset of the fp16 d inside a block)
 _D_MOVED = {"Q6_K": (256, 210, 208), "Q8_0": (32, 34, 0)}
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One device tensor: GGUF name, type, numpy shape, GGUF bytes and its offset in the arena."""
+    """One device tensor: GGUF name, type, numpy shape, GGUF bytes, its offset in the arena, and whether it is
+    uploaded in the tiled Q4_K layout (qtype LB_QT_Q4_K_TILED)."""
 
     name: str
     ggml_type: str
     shape: tuple[int, ...]
     nbytes: int
     offset: int
+    tiled: bool = False
+
+    def __post_init__(self):
+        if self.tiled and not can_tile(self.ggml_type, tuple(self.shape)):
+            raise ValueError(f"{self.name}: {self.ggml_type} {list(self.shape)} cannot take the tiled Q4_K layout")
 
     @property
     def qtype(self) -> int:
-        return QTYPE_IDS.get(self.ggml_type, 0)
+        return Q4K_TILED if self.tiled else QTYPE_IDS.get(self.ggml_type, 0)
+
+
+def qtype_entry(name: str, qtype: int, rows: int, k: int) -> Entry:
+    """The Entry of a [rows, k] matrix the C API knows as `qtype` (tests and the CPU emulation of the ops)."""
+    tiled = qtype == Q4K_TILED
+    ggml_type = "Q4_K" if tiled else {v: n for n, v in QTYPE_IDS.items()}[qtype]
+    block, size = (32, 34) if ggml_type == "Q8_0" else (256, {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[ggml_type])
+    return Entry(name, ggml_type, (rows, k), rows * k // block * size, 0, tiled)
 
 
 def check_supported(cfg: Qwen35Config) -> None:
@@ -78,16 +144,22 @@ def _check_tensor(name: str, ggml_type: str, shape: tuple[int, ...]) -> None:
         )
 
 
-def upload_plan(model: Any, cfg: Qwen35Config) -> list[Entry]:
-    """Device tensors of an open GGUFModel, in arena order; raises EngineUnavailable on what the ops lack."""
+def upload_plan(model: Any, cfg: Qwen35Config, tile: Optional[bool] = None) -> list[Entry]:
+    """Device tensors of an open GGUFModel, in arena order; raises EngineUnavailable on what the ops lack. tile:
+    Q4_K matrices of whole 16-row tiles in the tiled layout (None: q4k_tile_default()). Back-to-back tiled tensors
+    stay one tiled tensor of their summed rows, so the fused projections (dflash_layers.matmuls) still fuse; a
+    Q4_K tensor that cannot tile keeps qtype 12 and so never fuses with a tiled one."""
     check_supported(cfg)
+    tile = q4k_tile_default() if tile is None else bool(tile)
     entries, offset = [], 0
     for name, shape in expected_tensors(cfg).items():
         if not on_device(name, cfg):
             continue
         info = model.require(name, shape)
         _check_tensor(name, info.ggml_type, tuple(info.shape))
-        entries.append(Entry(name, info.ggml_type, tuple(info.shape), int(info.nbytes), offset))
+        shape = tuple(info.shape)
+        entries.append(Entry(name, info.ggml_type, shape, int(info.nbytes), offset,
+                             tile and can_tile(info.ggml_type, shape)))
         offset += (int(info.nbytes) + ALIGN - 1) // ALIGN * ALIGN
     return entries
 
@@ -102,6 +174,8 @@ def device_bytes(entry: Entry, raw: np.ndarray) -> np.ndarray:
     raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
     if raw.size != entry.nbytes:
         raise EngineUnavailable(f"{entry.name}: {raw.size} bytes in the file, {entry.nbytes} expected")
+    if entry.tiled:
+        return tile_q4k(raw, *entry.shape)
     if entry.ggml_type not in _D_MOVED:
         return raw
     _, size, d_at = _D_MOVED[entry.ggml_type]
@@ -120,6 +194,8 @@ def device_bytes(entry: Entry, raw: np.ndarray) -> np.ndarray:
 def gguf_bytes(entry: Entry, dev: np.ndarray) -> np.ndarray:
     """Inverse of device_bytes (tests and the CPU emulation of the matrix ops read weights back with it)."""
     dev = np.asarray(dev, dtype=np.uint8).reshape(-1)
+    if entry.tiled:
+        return untile_q4k(dev, *entry.shape)
     if entry.ggml_type not in _D_MOVED:
         return dev
     _, size, d_at = _D_MOVED[entry.ggml_type]

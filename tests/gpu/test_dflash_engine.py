@@ -113,8 +113,14 @@ def test_host_repack_matches_device():
     entries = [(Entry(n, "Q6_K", m.tensor_info(n).shape, m.tensor_info(n).nbytes, 0), m.raw(n)) for n in cases]
     entries.append((Entry("q8", "Q8_0", (300, 256), q8.size, 0), q8.reshape(-1)))
     assert cases, "the tiny Q4_K_M file should hold Q6_K tensors"
+    # the tiled Q4_K layout (LUCEBOX_Q4K_TILE=1): every Q4_K matrix of whole 16-row tiles in the file
+    tiled = [n for n in m.tensor_names if m.tensor_info(n).ggml_type == "Q4_K" and len(m.tensor_info(n).shape) == 2
+             and m.tensor_info(n).shape[0] % 16 == 0]
+    assert tiled, "the tiny Q4_K_M file should hold Q4_K matrices of whole 16-row tiles"
+    entries += [(Entry(n, "Q4_K", tuple(m.tensor_info(n).shape), m.tensor_info(n).nbytes, 0, tiled=True), m.raw(n))
+                for n in tiled[:3]]
     for e, raw in entries:
-        qid = {"Q6_K": 14, "Q8_0": 8}[e.ggml_type]
+        qid = e.qtype  # 14, 8, or 268 (tiled Q4_K)
         src, dst = ctypes.c_void_p(), ctypes.c_void_p()
         lib().call("lb_dev_alloc", e.nbytes, ctypes.byref(src))
         lib().call("lb_dev_alloc", e.nbytes, ctypes.byref(dst))
@@ -279,8 +285,9 @@ def test_speculative_lossless(spec, rate):
     check_speculative_lossless(spec, rate)
 
 
+@pytest.mark.parametrize("tile", ["0", "1"], ids=["gguf-q4k", "tiled-q4k"])
 @pytest.mark.parametrize("gemm", ["own", "cublas"])
-def test_prefill_gemm_paths(gemm, monkeypatch):
+def test_prefill_gemm_paths(gemm, tile, monkeypatch):
     """LUCEBOX_PREFILL_GEMM=own|cublas with 256-row passes: a 300-token prompt is one 256-row pass (on cuBLAS: every
     projection one lb_gemm_q_cublas) and a 44-row one (small-N either way); logits, tap features, a verify + commit
     and the step after it match the CPU engine with every scratch NaN-poisoned. cublas is skipped where the library
@@ -291,11 +298,12 @@ def test_prefill_gemm_paths(gemm, monkeypatch):
     if gemm == "cublas" and not lib().fn.lb_blas_ready():
         pytest.skip("cuBLAS not loaded in this library (lb_blas_ready() == 0)")
     monkeypatch.setenv("LUCEBOX_PREFILL_GEMM", gemm)
+    monkeypatch.setenv("LUCEBOX_Q4K_TILE", tile)  # lb_gemm_q_cublas / small-N over each Q4_K layout
     cfg, weights = cpu_weights(4)
     gpu = DFlashTargetEngine(gguf(4), max_context=512, budget=22, tap_layers=(1,), lib=lib(), prefill_rows=256)
     cpu = CPUEngine(cfg, weights, tap_layers=(1,), max_context=512)
     try:
-        assert gpu.info["prefill_gemm"] == gemm and gpu.prefill_rows == 256
+        assert gpu.info["prefill_gemm"] == gemm and gpu.prefill_rows == 256 and gpu.info["q4k_tile"] == (tile == "1")
         assert (gpu.plan.bytes_of("cublas gemm scratch") > 0) == (gemm == "cublas")
         ids = np.random.default_rng(11).integers(0, VOCAB, 300)
         gpu.poison()
@@ -313,6 +321,25 @@ def test_prefill_gemm_paths(gemm, monkeypatch):
         assert rel(gpu.step(3), cpu.step(3)) < TOL
     finally:
         gpu.close()
+
+
+# The engine with its Q4_K matrices in the tiled layout (LUCEBOX_Q4K_TILE=1 at creation: qtype 268 for every Q4_K
+# matrix of whole 16-row tiles; the tiny models' 6-row ssm_alpha/beta stay qtype 12, so the DeltaNet input run fuses
+# as [qkv, gate] + [beta, alpha]): the same checks against the CPU engine as the default layout's tests above.
+@pytest.mark.parametrize("what", ["prefill_greedy4", "prefill_greedy8", "verify_N23", "verify_N64", "ddtree"])
+def test_tiled_q4k_engine(what, monkeypatch):
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+    monkeypatch.setenv("LUCEBOX_Q4K_TILE", "1")
+    eng = DFlashTargetEngine(gguf(4), max_context=512, budget=22, lib=lib())
+    try:
+        assert eng.info["q4k_tile"], "LUCEBOX_Q4K_TILE=1 uploaded no tiled Q4_K matrix"
+        assert any(m.qtype == 268 for m in eng._layers.m.values())
+    finally:
+        eng.close()
+    {"prefill_greedy4": lambda: check_prefill_and_ar(4), "prefill_greedy8": lambda: check_prefill_and_ar(8),
+     "verify_N23": lambda: check_verify_commit(1, 23, 22), "verify_N64": lambda: check_verify_commit(3, 64, 63),
+     "ddtree": lambda: check_speculative_lossless("ddtree", 0.3)}[what]()
 
 
 def test_memory_plan_refusal():

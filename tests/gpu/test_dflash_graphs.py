@@ -104,14 +104,14 @@ def test_attn_prep_at_equals_prep(pos0, tree):
         assert np.array_equal(a, b), "lb_attn_prep_at differs from lb_attn_prep"
 
 
-@pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_K_T"])
 def test_embed_rows(qt):
     import gguf as gg
 
-    from lucebox_cli.engines.dflash_upload import QTYPE_IDS, Entry, gguf_bytes
+    from lucebox_cli.engines.dflash_upload import Q4K_TILED, QTYPE_IDS, gguf_bytes, qtype_entry
 
-    rows, k = 37, 512
-    qid = QTYPE_IDS[qt]
+    rows, k = (48, 512) if qt == "Q4_K_T" else (37, 512)  # the tiled Q4_K: whole 16-row tiles
+    qid = Q4K_TILED if qt == "Q4_K_T" else QTYPE_IDS[qt]
     nbytes = lib().fn.lb_quant_bytes(qid, rows, k)
     ids = np.asarray([0, 36, 5, 5, 17, 99], np.int32)  # 99: outside the table
     with Pool() as p:
@@ -121,8 +121,9 @@ def test_embed_rows(qt):
         call("lb_df_embed_q", qid, w.ptr, rows, k, p.of(ids).ptr, ids.size, out.ptr, None)
         got = out.get(np.float32, (ids.size, k))
         dev = w.get(np.uint8, (nbytes,))
-    raw = gguf_bytes(Entry("w", qt, (rows, k), nbytes, 0), dev)
-    table = np.asarray(gg.quants.dequantize(raw.reshape(rows, -1), gg.GGMLQuantizationType[qt]), np.float32)
+    e = qtype_entry("w", qid, rows, k)
+    raw = gguf_bytes(e, dev)
+    table = np.asarray(gg.quants.dequantize(raw.reshape(rows, -1), gg.GGMLQuantizationType[e.ggml_type]), np.float32)
     assert np.isnan(got[-1]).all(), "an id outside the table must give a NaN row"
     np.testing.assert_allclose(got[:-1], table.reshape(rows, k)[ids[:-1]], rtol=1e-5, atol=1e-6)
 

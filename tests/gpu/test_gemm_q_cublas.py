@@ -19,7 +19,7 @@ import numpy as np
 from gpu_lib import pytest
 
 from lucebox_cli.engines import _lib
-from test_quant_gemv import QTYPES, Dev, case, lib, random_gguf_bytes, rel_rms
+from test_quant_gemv import ALL_QTYPES, QTYPES, Dev, case, fit_rows, gguf_type, lib, random_gguf_bytes, rel_rms
 
 pytestmark = pytest.mark.gpu
 
@@ -33,31 +33,32 @@ def dequant_ref(qt: str, rows: int, k: int, seed: int) -> tuple[np.ndarray, np.n
     import gguf
 
     raw = random_gguf_bytes(qt, rows, k, seed)
-    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qt]).reshape(rows, k)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[gguf_type(qt)]).reshape(rows, k)
     return raw, np.asarray(ref, np.float32).astype(np.float16)
 
 
 def device_weights(qt: str, raw: np.ndarray, rows: int, k: int) -> Dev:
     src, dst = Dev.of(raw), Dev(raw.nbytes)
     try:
-        lib().call("lb_quant_repack", QTYPES[qt], src.ptr, dst.ptr, rows, k, None)
+        lib().call("lb_quant_repack", ALL_QTYPES[qt], src.ptr, dst.ptr, rows, k, None)
         lib().call("lb_dev_sync")
     finally:
         src.close()
     return dst
 
 
-@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("qt", list(ALL_QTYPES))
 @pytest.mark.parametrize("rows,k,row0,n", [(37, 256, 0, 37), (37, 256, 5, 31), (41, 1280, 13, 27), (9, 5120, 3, 5),
                                            (300, 2304, 101, 199)],
                          ids=["all-K256", "r5+31-K256", "r13+27-K1280", "r3+5-K5120", "r101+199-K2304"])
 def test_dequant_f16_bit_exact(qt, rows, k, row0, n):
+    rows = fit_rows(qt, rows)  # the tiled Q4_K: whole 16-row tiles (37 -> 48, 300 -> 304), the same row ranges
     raw, ref = dequant_ref(qt, rows, k, seed=rows * 31 + k + row0)
     w = device_weights(qt, raw, rows, k)
     out = Dev(2 * (n * k + GUARD))
     try:
         lib().call("lb_dev_memset", out.ptr, 0xFF, out.nbytes)  # NaN everywhere
-        lib().call("lb_dequant_f16", QTYPES[qt], w.ptr, rows, k, row0, n, out.ptr, None)
+        lib().call("lb_dequant_f16", ALL_QTYPES[qt], w.ptr, rows, k, row0, n, out.ptr, None)
         got = out.get(np.uint16, n * k + GUARD)
     finally:
         w.close()
@@ -78,6 +79,7 @@ def test_dequant_f16_refuses_bad_ranges():
             assert st == 1, (row0, n)
         assert lib().fn.lb_dequant_f16(QTYPES["Q4_K"], w.ptr, 8, 300, 0, 1, out.ptr, None) == 1  # K % 256
         assert lib().fn.lb_dequant_f16(99, w.ptr, 8, 256, 0, 1, out.ptr, None) == 6
+        assert lib().fn.lb_dequant_f16(268, w.ptr, 8, 256, 0, 1, out.ptr, None) == 1  # tiled: 16-row tiles
     finally:
         w.close()
         out.close()
@@ -106,7 +108,7 @@ def run_cublas(qt: str, rows: int, k: int, n: int, accumulate: int, chunk_rows: 
                     lib().call("lb_dev_memset", yd.ptr, 0xFF, yd.nbytes)
                 lib().call("lb_dev_memset", sd.ptr, 0xFF, sd.nbytes)  # the scratch holds nothing between calls
                 if op == "cublas":
-                    lib().call("lb_gemm_q_cublas", QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, accumulate, sd.ptr,
+                    lib().call("lb_gemm_q_cublas", ALL_QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, accumulate, sd.ptr,
                                scratch_bytes, None)
                 else:
                     for c0 in range(0, n, 64):
@@ -114,9 +116,9 @@ def run_cublas(qt: str, rows: int, k: int, n: int, accumulate: int, chunk_rows: 
                         fn = "lb_gemv_q" if m == 1 else "lb_gemm_q_smalln"
                         args = (xd.ptr.value + 4 * c0 * k, yd.ptr.value + 4 * c0 * rows)
                         if m == 1:
-                            lib().call(fn, QTYPES[qt], w.ptr, rows, k, *args, accumulate, None)
+                            lib().call(fn, ALL_QTYPES[qt], w.ptr, rows, k, *args, accumulate, None)
                         else:
-                            lib().call(fn, QTYPES[qt], w.ptr, rows, k, args[0], m, args[1], accumulate, None)
+                            lib().call(fn, ALL_QTYPES[qt], w.ptr, rows, k, args[0], m, args[1], accumulate, None)
                 got = yd.get(np.float32, n * rows).reshape(n, rows).astype(np.float64)
             finally:
                 yd.close()
@@ -128,12 +130,13 @@ def run_cublas(qt: str, rows: int, k: int, n: int, accumulate: int, chunk_rows: 
     return outs[0], outs[1]
 
 
-@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("qt", list(ALL_QTYPES))
 @pytest.mark.parametrize("rows,k", [(301, 256 * 7), (4099, 256 * 16)], ids=["N301-K1792", "N4099-K4096"])
 @pytest.mark.parametrize("n", [1, 65, 300])
 @pytest.mark.parametrize("accumulate", [0, 1])
 def test_gemm_q_cublas(qt, rows, k, n, accumulate):
     needs_cublas()
+    rows = fit_rows(qt, rows)
     _, ref = case(qt, rows, k)
     rng = np.random.default_rng(3000 + n)
     want = rng.standard_normal((n, k)).astype(np.float32).astype(np.float64) @ ref.T

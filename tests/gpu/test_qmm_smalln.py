@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from gpu_lib import pytest
-from test_quant_gemv import QTYPES, TOL, Dev, case, lib, rel_rms
+from test_quant_gemv import ALL_QTYPES, QTYPES, TOL, Dev, case, fit_rows, lib, rel_rms
 
 pytestmark = pytest.mark.gpu
 
@@ -66,7 +66,7 @@ def errors(qt: str, rows: int, k: int, ns, selects) -> list[tuple[int, int, int,
                         try:
                             if not acc:
                                 lib().call("lb_dev_memset", yd.ptr, 0xFF, yd.nbytes)  # NaN everywhere
-                            lib().call("lb_gemm_q_smalln", QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, acc, None)
+                            lib().call("lb_gemm_q_smalln", ALL_QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, acc, None)
                             got = yd.get(np.float32, n * rows).reshape(n, rows).astype(np.float64)
                         finally:
                             yd.close()
@@ -115,16 +115,27 @@ def test_wide_selects_keep_small_n_shipped():
     check("Q4_K", 301, 256 * 7, [2, 23, 32], list(WIDE_SELECT))
 
 
+# The tiled Q4_K (qtype 268) runs the shipped shapes only (the selects do not apply to it): every width n = 2..64 at
+# the shapes above with rows rounded up to whole 16-row tiles, and the 27B FFN shape.
+@pytest.mark.parametrize("rows,k", SHAPES + [MANY_ITEMS_SHAPE], ids=[f"N{r}-K{k}" for r, k in SHAPES + [MANY_ITEMS_SHAPE]])
+def test_tiled_q4k_shipped(rows, k):
+    check("Q4_K_T", fit_rows("Q4_K_T", rows), k, NS + WIDE_NS, [0])
+
+
 # lb_gemm_q_smalln_seg: one tensor's rows sent to up to four outputs (the engine's back-to-back projections at
 # t > 1). Segments of odd sizes that cut row groups mid-way; n across the staged (n <= 32) and wide (33..64)
 # shapes it instantiates; outputs NaN-poisoned (accumulate 0) or preset (accumulate 1).
 SEGS = [(301, 256 * 7, [100, 48, 48, 105]), (4099, 256 * 16, [3000, 1099]), (17408, 5120, [6144, 48, 48, 11168])]
 
 
-@pytest.mark.parametrize("qt", ["Q4_K", "Q5_K"])  # the types whose consecutive tensors are one block stream
+@pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q4_K_T"])  # the types whose consecutive tensors are one block stream
 @pytest.mark.parametrize("rows,k,parts", SEGS, ids=[f"N{r}-{len(p)}seg" for r, _, p in SEGS])
 def test_segmented_outputs(qt, rows, k, parts):
     import ctypes
+
+    if fit_rows(qt, rows) != rows:  # the tiled layout: the last segment grows to whole 16-row tiles
+        parts = [*parts[:-1], parts[-1] + fit_rows(qt, rows) - rows]
+        rows = fit_rows(qt, rows)
 
     w, ref = case(qt, rows, k)
     starts = np.cumsum([0, *parts])
@@ -143,7 +154,7 @@ def test_segmented_outputs(qt, rows, k, parts):
                             lib().call("lb_dev_memset", d.ptr, 0xFF, d.nbytes)  # NaN everywhere
                     seg_rows = (ctypes.c_int32 * len(parts))(*parts)
                     outs = (ctypes.c_void_p * len(parts))(*[d.ptr.value for d in yd])
-                    lib().call("lb_gemm_q_smalln_seg", QTYPES[qt], w.ptr, rows, k, xd.ptr, n, len(parts),
+                    lib().call("lb_gemm_q_smalln_seg", ALL_QTYPES[qt], w.ptr, rows, k, xd.ptr, n, len(parts),
                                ctypes.addressof(seg_rows), ctypes.addressof(outs), acc, None)
                     for i, (d, r) in enumerate(zip(yd, parts)):
                         got = d.get(np.float32, n * r).reshape(n, r).astype(np.float64)
@@ -177,7 +188,7 @@ def bench_us(qt: str, rows: int, k: int, n: int, sel: int, iters: int = 50) -> f
     select(sel)
     try:
         ms = ctypes.c_float()
-        lib().call("lb_bench_qmm", QTYPES[qt], rows, k, n, iters, ctypes.byref(ms))
+        lib().call("lb_bench_qmm", ALL_QTYPES[qt], rows, k, n, iters, ctypes.byref(ms))
         return ms.value * 1e3
     finally:
         select(0)

@@ -7,8 +7,9 @@ NaN-poisoned before `accumulate=1` calls (y preset to a known vector: an unwritt
 compared by relative RMS error (fp16 weights and activations into fp32 accumulation: ~3e-4 expected).
 
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_quant_gemv.py [--bench]`, which
-also prints the bandwidth table at the 27B shapes (--gemv-bench: only its n = 1 K-quant rows; --bench-one QT ROWS K
-ITERS [N]: one shape, for a profiler).
+also prints the bandwidth table at the 27B shapes (--gemv-bench: only its n = 1 K-quant rows; --tile-bench: Q4_K
+against the tiled Q4_K at n = 1, 23, 64; --bench-one QT ROWS K ITERS [N]: one shape, for a profiler, QT Q4_K_T
+included). Every Q4_K case also runs on the tiled layout (qtype 268) as "Q4_K_T".
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from gpu_lib import pytest
 pytestmark = pytest.mark.gpu
 
 QTYPES = {"Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+# The tiled Q4_K device layout (lb_quant_repack with qtype 268 from the same GGUF bytes; rows a multiple of 16): every
+# Q4_K case runs again on it as "Q4_K_T" at the shape's rows rounded up to 16 (fit_rows), same reference and TOL.
+TILED = {"Q4_K_T": 268}
+ALL_QTYPES = {**QTYPES, **TILED}
 # (weights per block, bytes per block, byte offsets of fp16 scales within a block)
 GEOMETRY = {"Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
 SCALE = {"Q8_0": 4e-3, "Q4_K": 1e-3, "Q5_K": 1e-3, "Q6_K": 5e-4}
@@ -82,8 +87,19 @@ class Dev:
             self.ptr = ctypes.c_void_p()
 
 
+def gguf_type(qt: str) -> str:
+    """The GGUF type of a test qtype name (Q4_K_T: Q4_K bytes, tiled on the device)."""
+    return "Q4_K" if qt in TILED else qt
+
+
+def fit_rows(qt: str, rows: int) -> int:
+    """rows for qtype qt: the tiled layout takes whole 16-row tiles (rounded up: 257 -> 272, 301 -> 304)."""
+    return -(-rows // 16) * 16 if qt in TILED else rows
+
+
 def random_gguf_bytes(qt: str, rows: int, k: int, seed: int) -> np.ndarray:
     """[rows, row_bytes] uint8 of valid blocks: random quants, fp16 scales in [s, 2s)."""
+    qt = gguf_type(qt)
     block, size, scale_offsets = GEOMETRY[qt]
     rng = np.random.default_rng(seed)
     nblk = rows * (k // block)
@@ -99,12 +115,12 @@ def case(qt: str, rows: int, k: int):
     """(device-layout weights, float64 dequantized reference [rows, k])."""
     import gguf
 
-    raw = random_gguf_bytes(qt, rows, k, seed=rows * 7 + k + QTYPES[qt])
-    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qt]).astype(np.float64).reshape(rows, k)
+    raw = random_gguf_bytes(qt, rows, k, seed=rows * 7 + k + QTYPES[gguf_type(qt)])
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[gguf_type(qt)]).astype(np.float64).reshape(rows, k)
     src = Dev.of(raw)
     dst = Dev(raw.nbytes)
-    assert lib().fn.lb_quant_bytes(QTYPES[qt], rows, k) == raw.nbytes
-    lib().call("lb_quant_repack", QTYPES[qt], src.ptr, dst.ptr, rows, k, None)
+    assert lib().fn.lb_quant_bytes(ALL_QTYPES[qt], rows, k) == raw.nbytes
+    lib().call("lb_quant_repack", ALL_QTYPES[qt], src.ptr, dst.ptr, rows, k, None)
     lib().call("lb_dev_sync")
     src.close()
     return dst, ref
@@ -127,9 +143,9 @@ def run_case(qt: str, rows: int, k: int, n: int, accumulate: int) -> float:
         lib().call("lb_dev_memset", yd.ptr, 0xFF, yd.nbytes)  # NaN everywhere
     try:
         if n == 1:
-            lib().call("lb_gemv_q", QTYPES[qt], w.ptr, rows, k, xd.ptr, yd.ptr, accumulate, None)
+            lib().call("lb_gemv_q", ALL_QTYPES[qt], w.ptr, rows, k, xd.ptr, yd.ptr, accumulate, None)
         else:
-            lib().call("lb_gemm_q_smalln", QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, accumulate, None)
+            lib().call("lb_gemm_q_smalln", ALL_QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, accumulate, None)
         got = yd.get(np.float32, n * rows).reshape(n, rows)
     finally:
         xd.close()
@@ -153,23 +169,25 @@ MANY_ITEMS_SHAPE = (17408, 5120)
 MANY_ITEMS_NS = [5, 23, 64]
 
 
-@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("qt", list(ALL_QTYPES))
 @pytest.mark.parametrize("rows,k", GEMV_SHAPES, ids=[f"N{r}-K{k}" for r, k in GEMV_SHAPES])
 @pytest.mark.parametrize("accumulate", [0, 1], ids=["store", "accumulate"])
 def test_gemv_q(qt, rows, k, accumulate):
+    rows = fit_rows(qt, rows)
     err = run_case(qt, rows, k, 1, accumulate)
     assert err < TOL, f"{qt} N{rows} K{k}: relative RMS {err:.2e}"
 
 
-@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("qt", list(ALL_QTYPES))
 @pytest.mark.parametrize("rows,k", SMALLN_SHAPES, ids=[f"N{r}-K{k}" for r, k in SMALLN_SHAPES])
 @pytest.mark.parametrize("n", NS, ids=[f"n{n}" for n in NS])
 def test_gemm_q_smalln(qt, rows, k, n):
+    rows = fit_rows(qt, rows)
     err = run_case(qt, rows, k, n, accumulate=int(n % 2))
     assert err < TOL, f"{qt} N{rows} K{k} n={n}: relative RMS {err:.2e}"
 
 
-@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("qt", list(ALL_QTYPES))
 @pytest.mark.parametrize("n", MANY_ITEMS_NS, ids=[f"n{n}" for n in MANY_ITEMS_NS])
 def test_gemm_q_smalln_many_items(qt, n):
     rows, k = MANY_ITEMS_SHAPE
@@ -186,9 +204,9 @@ def run_pair(qt: str, rows: int, k: int, n: int, pdl: int) -> np.ndarray:
     try:
         lib().call("lb_dev_memset", yd.ptr, 0xFF, yd.nbytes)
         if n == 1:
-            lib().call("lb_gemv_q", QTYPES[qt], w.ptr, rows, k, xd.ptr, yd.ptr, 0, None)
+            lib().call("lb_gemv_q", ALL_QTYPES[qt], w.ptr, rows, k, xd.ptr, yd.ptr, 0, None)
         else:
-            lib().call("lb_gemm_q_smalln", QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, 0, None)
+            lib().call("lb_gemm_q_smalln", ALL_QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, 0, None)
         return yd.get(np.float32, n * rows)
     finally:
         lib().fn.lb_set_pdl(prev)
@@ -196,7 +214,7 @@ def run_pair(qt: str, rows: int, k: int, n: int, pdl: int) -> np.ndarray:
         yd.close()
 
 
-@pytest.mark.parametrize("qt", list(QTYPES))
+@pytest.mark.parametrize("qt", list(ALL_QTYPES))
 @pytest.mark.parametrize("n", [1, 41])
 def test_pdl_on_off_same(qt, n):
     """lb_set_pdl(0) and (1) give the same y (to fp32 atomics order: stream-K partial sums)."""
@@ -206,7 +224,7 @@ def test_pdl_on_off_same(qt, n):
     assert rel_rms(on.astype(np.float64), off.astype(np.float64)) < 1e-6
 
 
-@pytest.mark.parametrize("qt", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qt", ["Q4_K", "Q6_K", "Q4_K_T"])
 def test_pdl_dependent_chain(qt):
     """y1 = Wa·x then y2 = Wb·y1 back to back on one stream, accumulating onto pre-zeroed outputs (no memset
     between the kernels, as the engine runs them): under PDL the second GEMV's blocks start while the first
@@ -221,8 +239,8 @@ def test_pdl_dependent_chain(qt):
         for _ in range(3):
             lib().call("lb_dev_memset", y1.ptr, 0, y1.nbytes)
             lib().call("lb_dev_memset", y2.ptr, 0, y2.nbytes)
-            lib().call("lb_gemv_q", QTYPES[qt], wa.ptr, 5120, 17408, xd.ptr, y1.ptr, 1, None)
-            lib().call("lb_gemv_q", QTYPES[qt], wb.ptr, 17408, 5120, y1.ptr, y2.ptr, 1, None)
+            lib().call("lb_gemv_q", ALL_QTYPES[qt], wa.ptr, 5120, 17408, xd.ptr, y1.ptr, 1, None)
+            lib().call("lb_gemv_q", ALL_QTYPES[qt], wb.ptr, 17408, 5120, y1.ptr, y2.ptr, 1, None)
             got1 = y1.get(np.float32, 5120).astype(np.float64)
             got2 = y2.get(np.float32, 17408).astype(np.float64)
             assert rel_rms(got1, ref_a @ x.astype(np.float64)) < TOL
@@ -243,6 +261,30 @@ def test_rejects_bad_shapes():
         lib().call("lb_gemv_q", 2, w.ptr, 257, 5120, w.ptr, w.ptr, 0, None)
     with pytest.raises(LuceboxError, match="1..64"):
         lib().call("lb_gemm_q_smalln", 12, w.ptr, 257, 5120, w.ptr, 65, w.ptr, 0, None)
+    # the tiled layout: whole 16-row tiles only
+    assert lib().fn.lb_quant_bytes(268, 257, 5120) == 0 and lib().fn.lb_quant_bytes(268, 272, 5120) == 272 * 20 * 144
+    for fn, extra in (("lb_gemv_q", ()), ("lb_gemm_q_smalln", (7,))):
+        with pytest.raises(LuceboxError, match="multiple of 16"):
+            lib().call(fn, 268, w.ptr, 257, 5120, w.ptr, *extra, w.ptr, 0, None)
+    with pytest.raises(LuceboxError, match="multiple of 16"):
+        lib().call("lb_quant_repack", 268, w.ptr, w.ptr, 257, 5120, None)
+
+
+def test_tiled_repack_is_the_host_tiling():
+    """lb_quant_repack(268) equals engines/dflash_upload.tile_q4k (the engine's host repack) bit for bit, and its
+    GGUF layout is the identity repack of the same bytes."""
+    from lucebox_cli.engines.dflash_upload import tile_q4k
+
+    for rows, k in ((16, 256), (304, 256 * 7), (1024, 5120)):
+        raw = random_gguf_bytes("Q4_K", rows, k, seed=rows + k).reshape(-1)
+        src, dst = Dev.of(raw), Dev(raw.nbytes)
+        try:
+            lib().call("lb_quant_repack", 268, src.ptr, dst.ptr, rows, k, None)
+            got = dst.get(np.uint8, raw.size)
+        finally:
+            src.close()
+            dst.close()
+        assert np.array_equal(got, tile_q4k(raw, rows, k)), f"{rows}x{k}"
 
 
 # ---- bandwidth table at the 27B shapes (script mode, or pytest -k bandwidth -s) ------------------
@@ -254,7 +296,7 @@ BENCH_SHAPES = [("ffn_gate/up", 17408, 5120), ("ffn_down", 5120, 17408), ("attn_
 def bandwidth_rows(peak_gbs: float = 4000.0, ns=(1,), iters: int = 50, types=tuple(QTYPES), tensors=None) -> list[dict]:
     rows = []
     for qt in types:
-        qid = QTYPES[qt]
+        qid = ALL_QTYPES[qt]
         for name, n_rows, k in BENCH_SHAPES:
             if (name == "lm_head" and qt not in ("Q6_K", "Q8_0")) or (tensors and name not in tensors):
                 continue
@@ -291,7 +333,11 @@ def _main(argv: list[str]) -> int:
         cases += [(qt, r, k, 1, a) for r, k in GEMV_SHAPES for a in (0, 1)]
         cases += [(qt, *MANY_ITEMS_SHAPE, n, n % 2) for n in MANY_ITEMS_NS]
         cases += [(qt, r, k, n, n % 2) for r, k in SMALLN_SHAPES for n in NS]
-    if any(f in argv for f in ("--bench-only", "--bench-one", "--gemv-bench")):
+    for qt in TILED:
+        cases += [(qt, fit_rows(qt, r), k, 1, a) for r, k in GEMV_SHAPES for a in (0, 1)]
+        cases += [(qt, *MANY_ITEMS_SHAPE, n, n % 2) for n in MANY_ITEMS_NS]
+        cases += [(qt, fit_rows(qt, r), k, n, n % 2) for r, k in SMALLN_SHAPES for n in NS]
+    if any(f in argv for f in ("--bench-only", "--bench-one", "--gemv-bench", "--tile-bench")):
         cases = []
     for qt, r, k, n, acc in cases:
         try:
@@ -307,10 +353,12 @@ def _main(argv: list[str]) -> int:
         qt, rows, k, iters = args[:4]
         n = int(args[4]) if len(args) > 4 and args[4].isdigit() else 1
         ms = ctypes.c_float()
-        lib().call("lb_bench_qmm", QTYPES[qt], int(rows), int(k), n, int(iters), ctypes.byref(ms))
+        lib().call("lb_bench_qmm", ALL_QTYPES[qt], int(rows), int(k), n, int(iters), ctypes.byref(ms))
         print(f"{qt} {rows}x{k} n = {n}: {1e3 * ms.value:.1f} us", flush=True)
-    if "--gemv-bench" in argv:  # the n = 1 rows of the K-quants
-        print(format_table(bandwidth_rows(ns=(1,), types=("Q4_K", "Q5_K", "Q6_K"))), flush=True)
+    if "--gemv-bench" in argv:  # the n = 1 rows of the K-quants (and of the tiled Q4_K)
+        print(format_table(bandwidth_rows(ns=(1,), types=("Q4_K", "Q4_K_T", "Q5_K", "Q6_K"))), flush=True)
+    if "--tile-bench" in argv:  # Q4_K against the tiled Q4_K, n = 1 and the verify's / prefill's widths
+        print(format_table(bandwidth_rows(ns=(1, 23, 64), types=("Q4_K", "Q4_K_T"))), flush=True)
     if "--bench" in argv or "--bench-only" in argv:
         rows = bandwidth_rows(ns=(1,))
         rows += bandwidth_rows(ns=(2, 8, 23, 64), types=("Q4_K",))

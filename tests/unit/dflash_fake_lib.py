@@ -22,10 +22,9 @@ import numpy as np
 
 from lucebox_cli.engines.cpu import (_attend, _l2_norm, _rms_norm, _sigmoid, _silu, gated_delta_chunked,
                                      gated_delta_recurrent, gated_delta_tree)
-from lucebox_cli.engines.dflash_upload import Entry, gguf_bytes
+from lucebox_cli.engines.dflash_upload import gguf_bytes, qtype_entry
 
 D = 128
-QNAMES = {8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
 def view(ptr, dtype, count: int) -> np.ndarray:
@@ -207,11 +206,9 @@ class FakeLib:
         if key not in self._wcache:
             import gguf
 
-            qt = QNAMES[qtype]
-            nbytes = {8: rows * k // 32 * 34, 12: rows * k // 256 * 144, 13: rows * k // 256 * 176,
-                      14: rows * k // 256 * 210}[qtype]
-            raw = gguf_bytes(Entry("w", qt, (rows, k), nbytes, 0), view(ptr, np.uint8, nbytes).copy())
-            w = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType[qt])
+            e = qtype_entry("w", qtype, rows, k)  # (the tiled Q4_K, 268, read back through its inverse too)
+            raw = gguf_bytes(e, view(ptr, np.uint8, e.nbytes).copy())
+            w = gguf.quants.dequantize(raw.reshape(rows, -1), gguf.GGMLQuantizationType[e.ggml_type])
             self._wcache[key] = np.asarray(w, np.float32).reshape(rows, k)
         return self._wcache[key]
 

@@ -258,11 +258,17 @@ def test_speculative_decoding_is_lossless(gguf, spec, rate):
     eng.close()
 
 
-def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model):
+@pytest.mark.parametrize("tile", ["0", "1"], ids=["gguf-q4k", "tiled-q4k"])
+def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model, tile, monkeypatch):
     """At t = 1, Q4_K/Q5_K matrices that sit back to back in the arena with back-to-back outputs run as one
     GEMV (ffn_gate + ffn_up at least); a verify (t > 1) keeps one call per matrix; the results do not move
-    (the step's logits against the CPU engine, as in test_prefill_two_chunks_and_steps)."""
+    (the step's logits against the CPU engine, as in test_prefill_two_chunks_and_steps). With LUCEBOX_Q4K_TILE=1
+    the Q4_K matrices of whole 16-row tiles are qtype 268 (tiled; read back by the fake through untile_q4k) and
+    fuse among themselves."""
+    monkeypatch.setenv("LUCEBOX_Q4K_TILE", tile)
     gpu, cpu, lib = engines(gguf, cpu_model)
+    assert gpu.info["q4k_tile"] == (tile == "1")
+    assert any(w.qtype == 268 for w in gpu._layers.m.values()) == (tile == "1")
     cfg = gpu.cfg
     prompt = [5, 17, 99, 3]
     gpu.prefill(prompt)
@@ -276,7 +282,7 @@ def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model):
     m = gpu._layers.m
     for i in range(cfg.n_layers):
         gate, up = m[f"blk.{i}.ffn_gate.weight"], m[f"blk.{i}.ffn_up.weight"]
-        if gate.qtype in (12, 13) and gate.qtype == up.qtype:
+        if gate.qtype in (12, 13, 268) and gate.qtype == up.qtype:
             assert gate.rows + up.rows in gemv_rows, f"layer {i}: gate and up not fused"
     # the DeltaNet input projections: every matrix of attn_qkv, attn_gate, ssm_beta, ssm_alpha that sits right
     # after the one before it in the arena, with the same type, launches with it (the 48-row beta and alpha
@@ -289,8 +295,8 @@ def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model):
         run = [m[names[0]]]
         for name in names[1:]:
             w, prev = m[name], run[-1]
-            nbytes = prev.rows * (prev.k // 256) * {12: 144, 13: 176}.get(prev.qtype, 0)
-            if prev.qtype in (12, 13) and w.qtype == prev.qtype and w.ptr == prev.ptr + nbytes:
+            nbytes = prev.rows * (prev.k // 256) * {12: 144, 13: 176, 268: 144}.get(prev.qtype, 0)
+            if prev.qtype in (12, 13, 268) and w.qtype == prev.qtype and w.ptr == prev.ptr + nbytes:
                 run.append(w)
             else:
                 assert len(run) == 1 or sum(x.rows for x in run) in gemv_rows, f"layer {i}: {len(run)} not fused"
