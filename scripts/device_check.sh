@@ -12,7 +12,7 @@
 # benches; "none" for tests only; "ring" adds the 0.8B weight-ring A/B, RINGS="auto,2x2048,..." its list),
 # LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build), AB_ENV="VAR=a VAR=b"
 # (the GEMV rows and the 27B bench again under each assignment of a runtime knob; AB_ENV_27B: another list
-# for the 27B bench alone), AB_PREFILL="own cublas" (the speed bench's pp row again under each
+# for the 27B bench alone; AB_ENV_SPEED: the 0.8B speed bench's pp row again under each), AB_PREFILL="own cublas" (the speed bench's pp row again under each
 # LUCEBOX_PREFILL_GEMM value: the 0.8B prefill GEMMs on our kernel vs a run-time cuBLAS).
 set -u -o pipefail
 OUT=${OUT:-/tmp/lucebox_out}
@@ -61,6 +61,13 @@ python3 -c 'import json,sys; from lucebox_cli.bench.report import render; print(
   "$OUT/bench.json" > "$OUT/bench.md" 2>> "$OUT/setup.log" && cat "$OUT/bench.md" | tee -a "$S"
 gemm_line='import json,sys; i=(json.load(open(sys.argv[1])) or [{}])[0].get("engine_info") or {}; print("prefill gemm:", i.get("prefill_gemm"), "| cublas:", i.get("cublas"), "|", i.get("prefill_gemm_note") or "")'
 python3 -c "$gemm_line" "$OUT/bench.json" 2>> "$OUT/setup.log" | tee -a "$S"
+for ab in ${AB_ENV_SPEED:-}; do  # pp only, once per assignment (e.g. LUCEBOX_DN_SCAN=fused), commas set several
+  echo "== bench speed pp${PP:-520}, $ab" | tee -a "$S"
+  env ${ab//,/ } timeout 120 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' \
+    bench speed "$MODEL" -p "${PP:-520}" -n 0 -r "${REPS:-5}" --json > "$OUT/bench_pp_ab.json" 2>> "$OUT/setup.log"
+  python3 -c 'import json,sys; from lucebox_cli.bench.report import render; print(render(json.load(open(sys.argv[1])), "md"))' \
+    "$OUT/bench_pp_ab.json" 2>> "$OUT/setup.log" | grep -E "pp[0-9]" | tee -a "$S"
+done
 for g in ${AB_PREFILL:-}; do  # pp only, once per GEMM path
   echo "== bench speed pp${PP:-520}, LUCEBOX_PREFILL_GEMM=$g" | tee -a "$S"
   LUCEBOX_PREFILL_GEMM="$g" timeout 120 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' \
