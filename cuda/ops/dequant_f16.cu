@@ -124,23 +124,39 @@ __device__ __forceinline__ uint4 convert(const Raw& r, int lane) {
     return o;
 }
 
-// grid: ceil(blocks / kBlocksPerCta); out [blocks, 256] fp16 as uint4 (32 per block).
-template <int QT>
+// grid: ceil(blocks / kBlocksPerCta); out [blocks, 256] fp16 as uint4 (32 per block). A warp converts
+// kBlocksPerWarp blocks: consecutive in the row-major order, or with kTileOrder (tiled Q4_K over whole 16-row
+// tiles: row0 and rows multiples of 16) consecutive in the stored order, i.e. rows r .. r + 3 of one tile and
+// 256-block, so that its loads are one contiguous 576-byte run (a row's blocks are 2304 bytes apart there) and
+// its stores four whole 512-byte row pieces. The stored index of the range's first block is then gb0 = row0 * nb.
+template <int QT, bool kTileOrder>
 __global__ void __launch_bounds__(kThreads) dequant_f16_kernel(const uint8_t* __restrict__ w, int64_t n_blocks_all,
                                                                int64_t gb0, int64_t blocks, int nb,
                                                                uint4* __restrict__ out) {
+    static_assert(!kTileOrder || (is_tiled(QT) && kTileRows % kBlocksPerWarp == 0), "tile order: tiled types");
     const int lane = threadIdx.x & 31;
     const int64_t b0 = ((int64_t)blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5)) * kBlocksPerWarp;
-    // where each of the warp's blocks is stored; tiled: one division per thread for the first block, then steps
-    // along the row (a 64-bit division for every block: the 27B's pp520 5,583 tok/s tiled against 5,804 untiled)
-    int64_t at[kBlocksPerWarp];
-    if constexpr (is_tiled(QT)) {
+    int64_t at[kBlocksPerWarp];  // where each of the warp's blocks is stored
+    int64_t to[kBlocksPerWarp];  // and its block index in out (row-major from row0)
+    if constexpr (kTileOrder) {
+        const int64_t per_tile = (int64_t)kTileRows * nb;
+        const int64_t tile = b0 / per_tile;
+        const int rem = (int)(b0 - tile * per_tile), kb = rem / kTileRows, r = rem % kTileRows;
+#pragma unroll
+        for (int i = 0; i < kBlocksPerWarp; ++i) {
+            at[i] = gb0 + b0 + i;
+            to[i] = (tile * kTileRows + r + i) * nb + kb;
+        }
+    } else if constexpr (is_tiled(QT)) {
+        // a row range not in whole tiles: row-major order, one division per thread for the first block, then
+        // steps along the row
         const int64_t g = gb0 + b0;
         int64_t row = g / nb;
         int kb = (int)(g - row * nb);
 #pragma unroll
         for (int i = 0; i < kBlocksPerWarp; ++i) {
             at[i] = block_index<true>(row, kb, nb);
+            to[i] = b0 + i;
             if (++kb == nb) {
                 kb = 0;
                 ++row;
@@ -148,7 +164,7 @@ __global__ void __launch_bounds__(kThreads) dequant_f16_kernel(const uint8_t* __
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < kBlocksPerWarp; ++i) at[i] = gb0 + b0 + i;
+        for (int i = 0; i < kBlocksPerWarp; ++i) at[i] = gb0 + b0 + i, to[i] = b0 + i;
     }
     Raw r[kBlocksPerWarp];
 #pragma unroll
@@ -156,15 +172,26 @@ __global__ void __launch_bounds__(kThreads) dequant_f16_kernel(const uint8_t* __
         if (b0 + i < blocks) r[i] = load_raw<QT>(w, n_blocks_all, at[i], lane);
 #pragma unroll
     for (int i = 0; i < kBlocksPerWarp; ++i)
-        if (b0 + i < blocks) out[(b0 + i) * 32 + lane] = convert<QT>(r[i], lane);
+        if (b0 + i < blocks) out[to[i] * 32 + lane] = convert<QT>(r[i], lane);
 }
 
 template <int QT>
 int launch(const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, void* out, cudaStream_t s) {
     const int64_t nb = k / QK, blocks = rows * nb;
     const int64_t grid = (blocks + kBlocksPerCta - 1) / kBlocksPerCta;
-    dequant_f16_kernel<QT><<<(unsigned)grid, kThreads, 0, s>>>(static_cast<const uint8_t*>(w), n_rows * nb, row0 * nb,
-                                                                blocks, (int)nb, static_cast<uint4*>(out));
+    const auto* wb = static_cast<const uint8_t*>(w);
+    auto* o = static_cast<uint4*>(out);
+    // (The 27B's pp520 measured 5,583 tok/s tiled with a 64-bit division per block, 5,735 with the row-major walk
+    // below, against 5,851 untiled: docs/perf.md "Q4_K tiled layout".)
+    if constexpr (is_tiled(QT)) {
+        if (row0 % kTileRows == 0 && rows % kTileRows == 0) {
+            dequant_f16_kernel<QT, true><<<(unsigned)grid, kThreads, 0, s>>>(wb, n_rows * nb, row0 * nb, blocks,
+                                                                             (int)nb, o);
+            LB_LAUNCH_TRY();
+            return LB_OK;
+        }
+    }
+    dequant_f16_kernel<QT, false><<<(unsigned)grid, kThreads, 0, s>>>(wb, n_rows * nb, row0 * nb, blocks, (int)nb, o);
     LB_LAUNCH_TRY();
     return LB_OK;
 }

@@ -48,9 +48,11 @@ def device_weights(qt: str, raw: np.ndarray, rows: int, k: int) -> Dev:
 
 
 @pytest.mark.parametrize("qt", list(ALL_QTYPES))
+# The last two ranges are whole 16-row tiles: the tiled Q4_K's dequantization then walks the stored order.
 @pytest.mark.parametrize("rows,k,row0,n", [(37, 256, 0, 37), (37, 256, 5, 31), (41, 1280, 13, 27), (9, 5120, 3, 5),
-                                           (300, 2304, 101, 199)],
-                         ids=["all-K256", "r5+31-K256", "r13+27-K1280", "r3+5-K5120", "r101+199-K2304"])
+                                           (300, 2304, 101, 199), (64, 1280, 16, 32), (304, 2304, 0, 304)],
+                         ids=["all-K256", "r5+31-K256", "r13+27-K1280", "r3+5-K5120", "r101+199-K2304",
+                              "r16+32-K1280", "all-K2304"])
 def test_dequant_f16_bit_exact(qt, rows, k, row0, n):
     rows = fit_rows(qt, rows)  # the tiled Q4_K: whole 16-row tiles (37 -> 48, 300 -> 304), the same row ranges
     raw, ref = dequant_ref(qt, rows, k, seed=rows * 31 + k + row0)
