@@ -61,7 +61,7 @@ python3 -c 'import json,sys; from lucebox_cli.bench.report import render; print(
   "$OUT/bench.json" > "$OUT/bench.md" 2>> "$OUT/setup.log" && cat "$OUT/bench.md" | tee -a "$S"
 gemm_line='import json,sys; i=(json.load(open(sys.argv[1])) or [{}])[0].get("engine_info") or {}; print("prefill gemm:", i.get("prefill_gemm"), "| cublas:", i.get("cublas"), "|", i.get("prefill_gemm_note") or "")'
 python3 -c "$gemm_line" "$OUT/bench.json" 2>> "$OUT/setup.log" | tee -a "$S"
-for ab in ${AB_ENV_SPEED:-}; do  # pp only, once per assignment (e.g. LUCEBOX_DN_SCAN=fused), commas set several
+for ab in ${AB_ENV_SPEED:-}; do  # pp only, once per assignment (e.g. LUCEBOX_DN_SCAN=split2), commas set several
   echo "== bench speed pp${PP:-520}, $ab" | tee -a "$S"
   env ${ab//,/ } timeout 120 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(sys.argv[1:])' \
     bench speed "$MODEL" -p "${PP:-520}" -n 0 -r "${REPS:-5}" --json > "$OUT/bench_pp_ab.json" 2>> "$OUT/setup.log"

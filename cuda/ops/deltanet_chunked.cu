@@ -9,14 +9,12 @@
 //     L_ij = β_i k_i·k_j e^(cum_i - cum_j) (j < i), solved by forward substitution with one thread
 //     per right-hand column (256 = 128 u + 128 w columns) holding its 64 unknowns in registers.
 //  2. the scan, sequential over chunks: v_new = u - w S; o = e^cum (q S) + Aqk v_new;
-//     S = e^last S + (k e^(last - cum))ᵀ v_new. Two implementations, chosen at run time by
-//     LUCEBOX_DN_SCAN (read once per process):
-//       split (default): deltanet_split.cu — a sequential state pass with only v_new and the state
-//         update on the chain, then every chunk's output in parallel;
-//       split1 / split2: the same with the state pass forced single / double-buffered (default: by
-//         occupancy);
-//       fused: dn_chunk_scan below, one block per (16-column dv slice, head) doing all three per chunk
-//         (the previous default, kept for A/B timing).
+//     S = e^last S + (k e^(last - cum))ᵀ v_new, in deltanet_split.cu: a sequential state pass with only
+//     v_new and the state update on the chain, then every chunk's output in parallel. (The single fused
+//     scan kernel it replaced, one block per 16-column dv slice and head, measured slower at both models'
+//     shapes: docs/perf.md "v4: the chunked DeltaNet's scan split in two"; it is in the history.)
+//     LUCEBOX_DN_SCAN=split1 / split2 (read once per process) force the state pass single / double-
+//     buffered; by default the occupancy decides.
 // fp32 on CUDA cores: ~1.4 GFLOP per layer at pp520 for 16 heads. Next step (issue 6): a 3xTF32
 // tensor-core path.
 #include "lb_check.cuh"
@@ -37,21 +35,15 @@ using dn::n_chunks;
 using dn::Scratch;
 constexpr int KP = D + 1;      // padded smem row of a [64][128] tile
 constexpr int LTP = CH + 4;    // padded, 16-byte aligned row of prep's transposed L
-constexpr int DVS = 16;        // dv columns per fused-scan block
-constexpr int WP = 2 * CH + 4;  // padded row of the scan's transposed [w; q] tile (float4-aligned)
-constexpr int AP = CH + 4;      // padded, 16-byte aligned row of the scan's Aqk tile
 constexpr int NH = 16;         // Qwen3.5-0.8B DeltaNet heads (conv prep)
 constexpr int C_QKV = 3 * NH * D;  // 6144 conv channels
 
 constexpr size_t PREP_SMEM = (size_t)(2 * CH * KP + CH * LTP + 3 * CH) * 4;
-constexpr size_t SCAN_SMEM = (size_t)(D * WP + D * DVS + 3 * CH * DVS + 3 * CH) * 4;
-static_assert(CH * WP + CH * AP <= D * WP, "k and Aqk fit in the freed [w; q] tile");
 
-// w_t != 0: w is stored chunk-transposed ([H, nch, 128 dk, 64 rows], rows past the prompt zero) for the
-// split scan; else row-major [H, T, 128] for the fused scan.
+// w is stored chunk-transposed for the state pass: [H, nch, 128 dk, 64 rows], rows past the prompt zero.
 __global__ void __launch_bounds__(256, 2) dn_chunk_prep(const float* __restrict__ q, const float* __restrict__ k,
                                                         const float* __restrict__ v, const float* __restrict__ g,
-                                                        const float* __restrict__ beta, Scratch sc, int T, int w_t) {
+                                                        const float* __restrict__ beta, Scratch sc, int T) {
     extern __shared__ __align__(16) float sm[];
     float* Ks = sm;                // [64][KP]
     float* Qs = Ks + CH * KP;      // [64][KP]
@@ -147,154 +139,15 @@ __global__ void __launch_bounds__(256, 2) dn_chunk_prep(const float* __restrict_
                 if (4 * i4 + e > j) x[4 * i4 + e] = fmaf(-lv[e], x[j], x[4 * i4 + e]);
         }
     }
-    if (!is_u && w_t) {
+    if (!is_u) {
         float* dst = sc.w + (((size_t)h * nch + c) * D + col) * CH;
 #pragma unroll
         for (int i = 0; i < CH; i += 4) *reinterpret_cast<float4*>(dst + i) = make_float4(x[i], x[i + 1], x[i + 2], x[i + 3]);
     } else {
-        float* dst = (is_u ? sc.u : sc.w) + hrow * D + col;
+        float* dst = sc.u + hrow * D + col;
 #pragma unroll
         for (int i = 0; i < CH; ++i)
             if (i < L) dst[(size_t)i * D] = x[i];
-    }
-}
-
-// Register-blocked scan: a thread owns a 4 x 2 tile (4 rows of [w; q] or 4 dk rows of S, 2 dv
-// columns), so each inner step is one float4 + one float2 shared load for 8 FMAs.
-__global__ void __launch_bounds__(256) dn_chunk_scan(const float* __restrict__ q, const float* __restrict__ k,
-                                                     Scratch sc, float* __restrict__ state, float* __restrict__ o,
-                                                     int T, int H) {
-    extern __shared__ __align__(16) float sm[];
-    float* WQ = sm;                  // [128 dk][WP]: cols 0..63 = w rows, 64..127 = q rows (transposed)
-    float* Ks = sm;                  // phase 3 reuses it: k [64][WP] ...
-    float* Aq = sm + CH * WP;        // ... and Aqk [64][AP]
-    float* S = sm + D * WP;          // [128 dk][16 dv]
-    float* vn = S + D * DVS;         // [64][16] v_new
-    float* qs = vn + CH * DVS;       // [64][16] q S (before e^cum)
-    float* vs = qs + CH * DVS;       // [64][16] v_new e^(last - cum)
-    float* cs = vs + CH * DVS;       // [64] cum
-    float* ec = cs + CH;             // [64] e^cum
-    float* el = ec + CH;             // [64] e^(last - cum)
-    const int j0 = blockIdx.x * DVS, h = blockIdx.y, tid = threadIdx.x, lane = tid & 31;
-    const int cg = tid & 7, rg = tid >> 3;  // tile: rows 4rg .. 4rg+3, columns 2cg, 2cg+1
-    const int nch = n_chunks(T);
-
-    float* Sg = state + (size_t)h * D * D;  // [dv][dk]
-    for (int idx = tid; idx < D * DVS; idx += 256) {
-        const int jj = idx / D, d = idx % D;
-        S[d * DVS + jj] = Sg[(size_t)(j0 + jj) * D + d];
-    }
-    for (int c = 0; c < nch; ++c) {
-        const int t0 = c * CH, L = min(CH, T - t0);
-        const size_t hrow = (size_t)h * T + t0;
-        // phase 1: w and q of the chunk, transposed, by 4-byte cp.async (all 64 copies of a thread in
-        // flight at once; rows past the prompt zero-filled). A warp covers 8 dk x 4 rows: the global
-        // reads are whole 32-byte sectors and the smem writes hit 32 distinct banks (bank 4d + i).
-        for (int wi = tid >> 5; wi < (CH / 4) * (D / 8); wi += 8) {
-            const int d = (wi % (D / 8)) * 8 + (lane & 7), i = (wi / (D / 8)) * 4 + (lane >> 3);
-            const bool ok = i < L;
-            const size_t src = (hrow + (ok ? i : 0)) * D + d;
-            cp_async4_zfill(WQ + d * WP + i, sc.w + src, ok);
-            cp_async4_zfill(WQ + d * WP + CH + i, q + src, ok);
-        }
-        cp_async_commit();
-        if (tid < CH) cs[tid] = sc.cum[(size_t)h * nch * CH + t0 + tid];
-        cp_async_wait<0>();
-        __syncthreads();
-        if (tid < CH) {
-            ec[tid] = expf(cs[tid]);
-            el[tid] = expf(cs[CH - 1] - cs[tid]);
-        }
-        // phase 2: [w; q] S. Threads rg < 16 own w rows (v_new = u - w S), the others q rows.
-        {
-            float a[4][2] = {};
-            for (int d = 0; d < D; ++d) {
-                const float4 x = *reinterpret_cast<const float4*>(WQ + d * WP + 4 * rg);
-                const float2 s2 = *reinterpret_cast<const float2*>(S + d * DVS + 2 * cg);
-                const float xv[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    a[r][0] = fmaf(xv[r], s2.x, a[r][0]);
-                    a[r][1] = fmaf(xv[r], s2.y, a[r][1]);
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                if (rg < 16) {
-                    const int i = 4 * rg + r;
-                    float2 u = make_float2(0.0f, 0.0f);
-                    if (i < L) u = *reinterpret_cast<const float2*>(sc.u + (hrow + i) * D + j0 + 2 * cg);
-                    vn[i * DVS + 2 * cg] = u.x - a[r][0];
-                    vn[i * DVS + 2 * cg + 1] = u.y - a[r][1];
-                } else {
-                    const int i = 4 * (rg - 16) + r;
-                    qs[i * DVS + 2 * cg] = a[r][0];
-                    qs[i * DVS + 2 * cg + 1] = a[r][1];
-                }
-            }
-        }
-        __syncthreads();
-        // phase 3: k rows and Aqk of the chunk into the freed tile (16-byte cp.async)
-        for (int idx = tid; idx < CH * (D / 4); idx += 256) {
-            const int i = idx / (D / 4), d = (idx % (D / 4)) * 4;
-            const bool ok = i < L;
-            cp_async16_zfill(Ks + i * WP + d, k + (hrow + (ok ? i : 0)) * D + d, ok);
-        }
-        const float* aqk = sc.aqk + ((size_t)h * nch + c) * CH * CH;
-        for (int idx = tid; idx < CH * (CH / 4); idx += 256) {
-            const int r = idx / (CH / 4), cc = (idx % (CH / 4)) * 4;
-            cp_async16_zfill(Aq + r * AP + cc, aqk + r * CH + cc, true);
-        }
-        cp_async_commit();
-        for (int idx = tid; idx < CH * DVS; idx += 256) vs[idx] = vn[idx] * el[idx / DVS];
-        cp_async_wait<0>();
-        __syncthreads();
-        // o = e^cum (q S) + Aqk v_new: thread row tid/4, columns 4 (tid%4) .. +3
-        {
-            const int i = tid >> 2, c4 = (tid & 3) * 4;
-            float4 acc = make_float4(0, 0, 0, 0);
-            for (int m = 0; m <= i; ++m) {
-                const float am = Aq[i * AP + m];
-                const float4 v4 = *reinterpret_cast<const float4*>(vn + m * DVS + c4);
-                acc.x = fmaf(am, v4.x, acc.x);
-                acc.y = fmaf(am, v4.y, acc.y);
-                acc.z = fmaf(am, v4.z, acc.z);
-                acc.w = fmaf(am, v4.w, acc.w);
-            }
-            if (i < L) {
-                const float4 qv = *reinterpret_cast<const float4*>(qs + i * DVS + c4);
-                const float e = ec[i];
-                *reinterpret_cast<float4*>(o + (size_t)(t0 + i) * H * D + h * D + j0 + c4) =
-                    make_float4(fmaf(e, qv.x, acc.x), fmaf(e, qv.y, acc.y), fmaf(e, qv.z, acc.z), fmaf(e, qv.w, acc.w));
-            }
-        }
-        // S = e^last S + (k e^(last - cum))ᵀ v_new for dk rows 4rg .. 4rg+3; cum is flat past the prompt,
-        // so cs[63] is the chunk's last
-        {
-            float b[4][2] = {};
-            for (int i = 0; i < CH; ++i) {
-                const float4 x = *reinterpret_cast<const float4*>(Ks + i * WP + 4 * rg);
-                const float2 v2 = *reinterpret_cast<const float2*>(vs + i * DVS + 2 * cg);
-                const float xv[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    b[r][0] = fmaf(xv[r], v2.x, b[r][0]);
-                    b[r][1] = fmaf(xv[r], v2.y, b[r][1]);
-                }
-            }
-            const float elast = expf(cs[CH - 1]);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                float* sp = S + (4 * rg + r) * DVS + 2 * cg;
-                sp[0] = fmaf(elast, sp[0], b[r][0]);
-                sp[1] = fmaf(elast, sp[1], b[r][1]);
-            }
-        }
-        __syncthreads();
-    }
-    for (int idx = tid; idx < D * DVS; idx += 256) {
-        const int jj = idx / D, d = idx % D;
-        Sg[(size_t)(j0 + jj) * D + d] = S[d * DVS + jj];
     }
 }
 
@@ -372,21 +225,17 @@ size_t dn_scratch_bytes(int T, int H) { return dn::scratch_floats(T, H) * 4; }
 
 int dn_prepare() {
     cudaError_t e = cudaFuncSetAttribute(dn_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PREP_SMEM);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(dn_chunk_scan, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SCAN_SMEM);
     if (e == cudaSuccess) e = (cudaError_t)dn::split_prepare();
     return (int)e;
 }
 
-// LUCEBOX_DN_SCAN: -1 = fused, 0 = split (default; state pass buffering by occupancy), 1 / 2 = split with
-// a single / double-buffered state pass. Unknown values mean the default.
+// LUCEBOX_DN_SCAN: split1 / split2 force a single / double-buffered state pass; anything else (or unset): the
+// occupancy decides (0).
 static int scan_mode() {
     static const int mode = [] {
         const char* e = std::getenv("LUCEBOX_DN_SCAN");
-        if (!e) return 0;
-        if (!std::strcmp(e, "fused")) return -1;
-        if (!std::strcmp(e, "split1")) return 1;
-        if (!std::strcmp(e, "split2")) return 2;
+        if (e && !std::strcmp(e, "split1")) return 1;
+        if (e && !std::strcmp(e, "split2")) return 2;
         return 0;
     }();
     return mode;
@@ -395,13 +244,10 @@ static int scan_mode() {
 int dn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
                float* o, void* scratch, int T, int H, cudaStream_t s) {
     const Scratch sc = dn::carve(scratch, T, H);
-    const int mode = scan_mode();
-    dn_chunk_prep<<<dim3(n_chunks(T), H), 256, PREP_SMEM, s>>>(q, k, v, g, beta, sc, T, mode >= 0 ? 1 : 0);
+    dn_chunk_prep<<<dim3(n_chunks(T), H), 256, PREP_SMEM, s>>>(q, k, v, g, beta, sc, T);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return (int)e;
-    if (mode >= 0) return dn::split_scan(q, k, sc, state, o, T, H, mode, s);
-    dn_chunk_scan<<<dim3(D / DVS, H), 256, SCAN_SMEM, s>>>(q, k, sc, state, o, T, H);
-    return (int)cudaGetLastError();
+    return dn::split_scan(q, k, sc, state, o, T, H, scan_mode(), s);
 }
 
 int dn_conv_prep(const float* y, int ldy, const float* ring, const float* conv_w, const float* ssm_a,

@@ -1,4 +1,4 @@
-// Internal to the chunked DeltaNet (deltanet_chunked.cu: prep, the fused scan, the host dispatch;
+// Internal to the chunked DeltaNet (deltanet_chunked.cu: prep and the host dispatch;
 // deltanet_split.cu: the split scan): sizes and the scratch layout both sides read.
 #pragma once
 
@@ -17,8 +17,7 @@ __host__ __device__ inline int n_chunks(int T) { return (T + CH - 1) / CH; }
 
 // One scratch allocation, fp32 regions in this order (each a multiple of 256 bytes, so float4-aligned):
 //   u    [H, T, 128]          βv solved by prep; the split scan's state pass overwrites it with v_new
-//   w    [H, Tp, 128]         the fused scan's row-major w ([H, T, 128] prefix), or the split scan's
-//                             chunk-transposed w: [H, nch, 128 dk, 64 rows]
+//   w    [H, Tp, 128]         chunk-transposed: [H, nch, 128 dk, 64 rows]
 //   aqk  [H, Tp, 64]          masked decayed q·kᵀ per chunk
 //   cum  [H, Tp]              cumsum(g) per chunk (flat past the prompt)
 //   hs   [H, nch, 128, 128]   the split scan's state at each chunk's start, [dk][dv]
