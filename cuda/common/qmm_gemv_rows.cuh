@@ -29,6 +29,32 @@ struct K45Rows {
     static constexpr int kTileBytes = 16 * kStride;
 };
 
+// A warp's item chunks (chunk c = lane + 32·i: piece c % kPieces of row c / kPieces) -> its staging tile (16 rows at
+// kStride, so the pieces' 8-byte reads below are conflict-free) -> this lane's two rows (g, g + 8) in K45Cols' order.
+// Shared by gemv_k45_rows_kernel and gemv_k45_tile_kernel.
+template <int QT>
+__device__ __forceinline__ void stage_rows(uint8_t* tile, const uint4 (&ch)[K45Rows<QT>::kPerLane],
+                                           typename K45Cols<QT>::Row (&r)[2], int lane, int g, int t) {
+    using K = K45Cols<QT>;
+    using R = K45Rows<QT>;
+    __syncwarp();  // every lane's reads of the previous item's tile are done
+#pragma unroll
+    for (int i = 0; i < R::kPerLane; ++i) {
+        const int c = lane + 32 * i;
+        if (c < R::kChunks)
+            *reinterpret_cast<uint4*>(tile + (c / R::kPieces) * R::kStride + 16 * (c % R::kPieces)) = ch[i];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t* b = tile + (g + 8 * h) * R::kStride;
+        r[h].hdr = *reinterpret_cast<const uint4*>(b);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r[h].qs[j] = *reinterpret_cast<const uint2*>(b + K::kQsOff + 32 * j + 8 * t);
+        if constexpr (K::kFive) r[h].qh = *reinterpret_cast<const uint2*>(b + 16 + 8 * t);
+    }
+}
+
 // Blocks per SM asked of ptxas on sm_90: one fewer than gemv_k45_kernel's (Q4_K 5, Q5_K 4). At six and five its
 // chunk loads spill (ptxas: 44 and 36 bytes at the 80- and 96-register caps); Q4_K needs 95, Q5_K 110.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -69,25 +95,7 @@ __global__ void LB_GEMV_ROWS_BOUNDS(QT) gemv_k45_rows_kernel(QmmArgs a) {
             }
         }
     };
-    // chunks -> the staging tile -> this lane's two rows in K45Cols' order
-    auto unpack = [&](Row (&r)[2]) {
-        __syncwarp();  // every lane's reads of the previous item's tile are done
-#pragma unroll
-        for (int i = 0; i < R::kPerLane; ++i) {
-            const int c = lane + 32 * i;
-            if (c < R::kChunks)
-                *reinterpret_cast<uint4*>(tile + (c / R::kPieces) * R::kStride + 16 * (c % R::kPieces)) = ch[i];
-        }
-        __syncwarp();
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t* b = tile + (g + 8 * h) * R::kStride;
-            r[h].hdr = *reinterpret_cast<const uint4*>(b);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) r[h].qs[j] = *reinterpret_cast<const uint2*>(b + K::kQsOff + 32 * j + 8 * t);
-            if constexpr (K::kFive) r[h].qh = *reinterpret_cast<const uint2*>(b + 16 + 8 * t);
-        }
-    };
+    auto unpack = [&](Row (&r)[2]) { stage_rows<QT>(tile, ch, r, lane, g, t); };
 
     const K45Item<QT> item_math(g, t);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -159,24 +167,7 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_kernel(QmmArgs a) {
         for (int i = 0; i < R::kPerLane; ++i)
             if (lane + 32 * i < R::kChunks) ch[i] = ldg_stream(p + 512 * i);
     };
-    // chunks -> the staging tile (gemv_k45_rows_kernel's: 16 rows at kStride) -> this lane's two rows
-    auto unpack = [&](Row (&r)[2]) {
-        __syncwarp();  // every lane's reads of the previous item's tile are done
-#pragma unroll
-        for (int i = 0; i < R::kPerLane; ++i) {
-            const int c = lane + 32 * i;
-            if (c < R::kChunks)
-                *reinterpret_cast<uint4*>(tile + (c / R::kPieces) * R::kStride + 16 * (c % R::kPieces)) = ch[i];
-        }
-        __syncwarp();
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t* b = tile + (g + 8 * h) * R::kStride;
-            r[h].hdr = *reinterpret_cast<const uint4*>(b);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) r[h].qs[j] = *reinterpret_cast<const uint2*>(b + K::kQsOff + 32 * j + 8 * t);
-        }
-    };
+    auto unpack = [&](Row (&r)[2]) { stage_rows<QT>(tile, ch, r, lane, g, t); };
 
     const K45Item<QT> item_math(g, t);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
