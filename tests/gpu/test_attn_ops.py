@@ -12,6 +12,8 @@ Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_attn_ops.p
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -165,6 +167,16 @@ def test_attn_causal_tc_sizes(kv, nh, nkv, t, pos0, splits):
     c.vbits[:, pos0 + t :] = 0xFFFF
     got = c.run("lb_attn_causal", splits, t, pos0, nh, nkv, c.max_ctx, None)
     assert_close(got, want, TOL, "causal (tensor cores)")
+
+
+def test_attn_causal_fp32_switch():
+    """LUCEBOX_ATTN_PREFILL=fp32 (read once per process) puts causal prefill back on the fp32 kernel: the
+    27B-shaped causal cases again, in a child process under the switch."""
+    env = dict(os.environ, LUCEBOX_ATTN_PREFILL="fp32")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+           "causal and H24-KV4 and not fp32_switch"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
 def _prep(p, qg, k, v, w_q, w_k, positions, pos0, kc, vc, kv, t, nh, nkv, max_ctx):
