@@ -1,8 +1,10 @@
 // attn_decode: gated full attention over one layer's KV cache for decode (1 query), tree verify (N
 // slots under an ancestor mask) and causal prefill — flash-style kernels split along the keys
 // (flash-decoding) when the queries alone cannot fill the GPU, plus a combine kernel for the splits.
-// Decode and causal prefill run attn_kernel below (fp32 CUDA cores); tree verify runs tc::tree_kernel
-// (tensor cores, split-precision Q and P; see its comment).
+// Decode runs attn_kernel below (fp32 CUDA cores); tree verify and causal prefill (T > 1 queries) run
+// tc::tree_kernel (tensor cores, split-precision Q and P; see its comment), the prefill in its causal
+// form. LUCEBOX_ATTN_PREFILL=fp32 (read once per process, in attn::run) puts causal prefill back on
+// attn_kernel; unset or "tc": tensor cores.
 //
 // A block takes R query rows = up to R / group tokens x the `group` query heads of one kv head, so each
 // K/V tile it loads serves every query head of that kv head (GQA). fp32 on CUDA cores with fp32 queries
@@ -15,6 +17,8 @@
 // constant (queries, gates, the cache rows lb_attn_prep just wrote, the tree masks, the partials), so
 // each waits first thing; the overlap is the launch and block set-up under the predecessor's tail.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "attn.cuh"
 #include "attn_ops.h"
@@ -267,6 +271,13 @@ __global__ void __launch_bounds__(HD) combine_kernel(const Params P) {
 // same S and run the same softmax) and half of O (64 accumulators per lane: a warp owning all 256
 // dims of O needs 128 and spills). K and V arrive by cp.async into single buffers, overlapped with compute:
 // the next tile's K loads during this tile's softmax and PV, the next V during the next QK.
+//
+// Causal prefill (CAUSAL = true, mask unused) is the same kernel with the visibility rule of attn_kernel:
+// row t sees keys [0, pos0 + t], and a block reads keys up to its last token's (kv_end). The work of a
+// block grows with its query tile, so blocks are handed out heaviest first (rank 0 = the last tile of
+// every kv head); when the grid is between one and two blocks per SM (`wave` = the SM count, else the
+// block count), the second wave is taken lightest first, so the two blocks an SM usually holds at once
+// add up to about the same number of key tiles (block b < wave: rank b; b >= wave: rank N-1-(b-wave)).
 namespace tc {
 
 constexpr int WARPS = 6;
@@ -336,8 +347,15 @@ __device__ __forceinline__ uint32_t tile_bits(unsigned long long mk, bool on, in
     return vis & in;
 }
 
-template <int KVT>
-__global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const int32_t* __restrict__ pos_dev) {
+// Causal visibility of keys kb .. kb+31 to a row at position lim (keys <= lim), nothing at or past kb1.
+__device__ __forceinline__ uint32_t causal_bits(int lim, bool on, int kb, int kb1) {
+    if (!on) return 0u;
+    const int n = min(lim + 1, kb1) - kb;
+    return n <= 0 ? 0u : n >= 32 ? 0xffffffffu : ((1u << n) - 1u);
+}
+
+template <int KVT, bool CAUSAL>
+__global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const int32_t* __restrict__ pos_dev, int wave) {
     extern __shared__ __align__(16) uint16_t hs[];
     uint16_t* Qh = hs;             // [MR][LD] hi halves of q / 16
     uint16_t* Ql = Qh + MR * LD;   // [MR][LD] lo halves
@@ -347,13 +365,20 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const 
     lb::pdl_trigger();
     lb::pdl_wait();
     const int G = P.group, QT = MR / G;
-    const int t0 = blockIdx.x * QT, gk = blockIdx.y, split_i = blockIdx.z;
+    int qtile = blockIdx.x, gk = blockIdx.y;
+    if constexpr (CAUSAL) {  // heaviest first, the second wave lightest first (see above)
+        const int nq = gridDim.x, nb = nq * gridDim.y, b = blockIdx.x + nq * blockIdx.y;
+        const int rank = b < wave ? b : nb - 1 - (b - wave);
+        qtile = nq - 1 - rank / gridDim.y;
+        gk = rank % gridDim.y;
+    }
+    const int t0 = qtile * QT, split_i = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, qd = lane & 3;
     const int hh = warp & 1;  // which half of the head dims
     const int nt = min(QT, P.Tq - t0);
     const int pos0 = pos_dev ? *pos_dev : P.pos0;
     const int split_len = pos_dev ? device_split_len(pos0 + P.Tq, P.n_splits) : P.split_len;
-    const int kv_end = pos0 + P.Tq;
+    const int kv_end = CAUSAL ? pos0 + t0 + nt : pos0 + P.Tq;
     const int kb0 = split_i * split_len, kb1 = min(kb0 + split_len, kv_end);
     const uint16_t* kbase = P.kc + (size_t)gk * P.max_ctx * HD;
     const uint16_t* vbase = P.vc + (size_t)gk * P.max_ctx * HD;
@@ -397,7 +422,9 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const 
     // this lane's two rows: A = (warp / 2)*16 + gq, B = A + 8
     const int rA = (warp >> 1) * 16 + gq, rB = rA + 8;
     const bool onA = rA / G < nt, onB = rB / G < nt;
-    const unsigned long long mkA = onA ? P.mask[t0 + rA / G] : 0ull, mkB = onB ? P.mask[t0 + rB / G] : 0ull;
+    const unsigned long long mkA = !CAUSAL && onA ? P.mask[t0 + rA / G] : 0ull;
+    const unsigned long long mkB = !CAUSAL && onB ? P.mask[t0 + rB / G] : 0ull;
+    const int limA = pos0 + t0 + rA / G, limB = pos0 + t0 + rB / G;  // causal: the rows' last visible keys
     float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f;
     float O[HH / 8][4];  // dims hh*128 + 8i + 2qd (+1), rows A (0, 1) and B (2, 3)
 #pragma unroll
@@ -446,7 +473,8 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const 
 
         // visibility and the online softmax, rows A and B (a quad of lanes shares each row)
         float xA = -INFINITY, xB = -INFINITY;
-        const uint32_t bA = tile_bits(mkA, onA, kb, kb1, pos0), bB = tile_bits(mkB, onB, kb, kb1, pos0);
+        const uint32_t bA = CAUSAL ? causal_bits(limA, onA, kb, kb1) : tile_bits(mkA, onA, kb, kb1, pos0);
+        const uint32_t bB = CAUSAL ? causal_bits(limB, onB, kb, kb1) : tile_bits(mkB, onB, kb, kb1, pos0);
 #pragma unroll
         for (int n8 = 0; n8 < BK / 8; ++n8)
 #pragma unroll
@@ -548,14 +576,19 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const 
     }
 }
 
-template <int KVT>
-cudaError_t launch(const Params& P, const int32_t* pos_dev, cudaStream_t s) {
+// sms: the SM count (causal: the first wave of the heaviest-first order when the grid holds between one
+// and two blocks per SM).
+template <int KVT, bool CAUSAL>
+cudaError_t launch(const Params& P, const int32_t* pos_dev, int sms, cudaStream_t s) {
     const size_t smem = smem_bytes();
-    cudaError_t e = cudaFuncSetAttribute(tree_kernel<KVT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e =
+        cudaFuncSetAttribute(tree_kernel<KVT, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int qt = MR / P.group;
     const dim3 grid((unsigned)((P.Tq + qt - 1) / qt), (unsigned)P.nkv, (unsigned)P.n_splits);
-    return lb::launch_pdl(tree_kernel<KVT>, grid, dim3(THREADS), smem, s, P, pos_dev);
+    const int nb = (int)(grid.x * grid.y);
+    const int wave = CAUSAL && nb > sms && nb <= 2 * sms ? sms : nb;
+    return lb::launch_pdl(tree_kernel<KVT, CAUSAL>, grid, dim3(THREADS), smem, s, P, pos_dev, wave);
 }
 
 }  // namespace tc
@@ -576,22 +609,38 @@ size_t partials_bytes(int tq, int nh, int max_splits) {
     return max_splits > 1 ? (size_t)max_splits * tq * nh * (HD + 2) * 4 : 0;
 }
 
+// LUCEBOX_ATTN_PREFILL: "fp32" runs causal prefill (T > 1) on attn_kernel; unset, "tc" or anything else
+// on the tensor cores (tc::tree_kernel<.., true>). Read once per process.
+static bool prefill_on_tensor_cores() {
+    static const bool tc = [] {
+        const char* v = std::getenv("LUCEBOX_ATTN_PREFILL");
+        return !(v && std::strcmp(v, "fp32") == 0);
+    }();
+    return tc;
+}
+
 int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s, const int32_t* pos_dev) {
-    // tree verify: tensor cores (tc::tree_kernel); decode and causal prefill: the fp32 kernel
+    // tree verify and causal prefill: tensor cores (tc::tree_kernel); decode (and prefill under
+    // LUCEBOX_ATTN_PREFILL=fp32): the fp32 kernel
     const bool tc_tree = P.mask != nullptr;
+    const bool tc_causal = !tc_tree && P.Tq > 1 && prefill_on_tensor_cores();
     const int R = P.Tq == 1 ? 8 : 32;
-    const int block_rows = tc_tree ? tc::MR : R;
+    const int block_rows = tc_tree || tc_causal ? tc::MR : R;
     const int qtiles = (P.Tq + block_rows / P.group - 1) / (block_rows / P.group);
     // Keys the widest query tile reads: all committed rows plus the new ones.
     const int kv_rows = P.pos0 + P.Tq;
-    int splits = 1;
-    if (partials && max_splits > 1) {
-        int dev = 0, sms = 1;
+    int splits = 1, sms = 1;
+    if ((partials && max_splits > 1) || tc_causal) {
+        int dev = 0;
         cudaError_t e = cudaGetDevice(&dev);
         if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         if (e != cudaSuccess) return (int)e;
-        // about two blocks per SM, never a split shorter than one tile
-        const int want = (2 * sms + qtiles * P.nkv - 1) / (qtiles * P.nkv);
+    }
+    if (partials && max_splits > 1) {
+        // about two blocks per SM, never a split shorter than one tile; causal on tensor cores: no split
+        // once the query tiles alone give every SM a block (the heaviest-first order balances them, and
+        // a split would add the partials' round trip and the combine)
+        const int want = tc_causal && qtiles * P.nkv >= sms ? 1 : (2 * sms + qtiles * P.nkv - 1) / (qtiles * P.nkv);
         // with the position on the device (a CUDA graph replayed at every n_past) the split count can not
         // follow the context: it is fixed here and the kernels size the splits from *pos_dev (splits past
         // the last key come out empty, m = -inf and l = 0, which the combine weighs 0)
@@ -612,7 +661,11 @@ int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s, 
     }
     cudaError_t e;
     if (tc_tree)
-        e = kv_dtype == KV_BF16 ? tc::launch<KV_BF16>(P, pos_dev, s) : tc::launch<KV_F16>(P, pos_dev, s);
+        e = kv_dtype == KV_BF16 ? tc::launch<KV_BF16, false>(P, pos_dev, sms, s)
+                                : tc::launch<KV_F16, false>(P, pos_dev, sms, s);
+    else if (tc_causal)
+        e = kv_dtype == KV_BF16 ? tc::launch<KV_BF16, true>(P, pos_dev, sms, s)
+                                : tc::launch<KV_F16, true>(P, pos_dev, sms, s);
     else if (R == 8)
         e = kv_dtype == KV_BF16 ? launch<8, KV_BF16>(P, pos_dev, s) : launch<8, KV_F16>(P, pos_dev, s);
     else

@@ -12,6 +12,8 @@ Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_attn_ops.p
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -145,6 +147,36 @@ def test_attn_causal(kv, nh, nkv, pos0, t):
     got = c.run("lb_attn_causal", 8, t, pos0, nh, nkv, c.max_ctx, None)
     mask = np.arange(pos0 + t)[None, :] <= (pos0 + np.arange(t))[:, None]
     assert_close(got, c.want(pos0 + t, mask), TOL, "causal")
+
+
+@pytest.mark.parametrize("kv", list(KV))
+@pytest.mark.parametrize("nh,nkv", [(24, 4), (8, 2)], ids=["H24-KV4", "H8-KV2"])
+@pytest.mark.parametrize("t", [1, 2, 17, 64, 65, 200, 333])
+@pytest.mark.parametrize("pos0", [0, 301])
+@pytest.mark.parametrize("splits", [1, 8], ids=["one", "split"])
+def test_attn_causal_tc_sizes(kv, nh, nkv, t, pos0, splits):
+    """Causal prefill on the tensor cores (T > 1; T = 1 stays on the fp32 decode kernel) at sizes that end
+    mid query tile and mid key tile, from an empty cache and after a 301-row prefix, with and without
+    split-KV partials. Same 1e-4 as every attention form: the kernel is tc::tree_kernel's split-precision
+    math (Q and P as hi + lo halves, ~1e-6 f16 / ~4e-6 bf16 relative RMS), only the visibility differs.
+    Cache rows past the prompt hold NaN (never written in a real cache)."""
+    c = Case(nh, nkv, KV[kv], pos0 + t, t, seed=3 * pos0 + t + nh)
+    mask = np.arange(pos0 + t)[None, :] <= (pos0 + np.arange(t))[:, None]
+    want = c.want(pos0 + t, mask)
+    c.kbits[:, pos0 + t :] = 0xFFFF
+    c.vbits[:, pos0 + t :] = 0xFFFF
+    got = c.run("lb_attn_causal", splits, t, pos0, nh, nkv, c.max_ctx, None)
+    assert_close(got, want, TOL, "causal (tensor cores)")
+
+
+def test_attn_causal_fp32_switch():
+    """LUCEBOX_ATTN_PREFILL=fp32 (read once per process) puts causal prefill back on the fp32 kernel: the
+    27B-shaped causal cases again, in a child process under the switch."""
+    env = dict(os.environ, LUCEBOX_ATTN_PREFILL="fp32")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+           "causal and H24-KV4 and not fp32_switch"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
 
 def _prep(p, qg, k, v, w_q, w_k, positions, pos0, kc, vc, kv, t, nh, nkv, max_ctx):
