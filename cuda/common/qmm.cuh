@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads) qmm_kernel(QmmArgs a) {
                 for (int p = 0; p < Tr::kPieces; ++p)
                     rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
                 if constexpr (Tr::kD16)
-                    rr[m][h].d = __half2float(Traits<Q6_K>::d_array(a.w, a.n_rows, a.k)[row * nb + kb]);
+                    rr[m][h].d = __half2float(*Tr::d_ptr(a.w, a.n_rows, a.k, row, kb));
             }
     };
     // The first item's weights are constant: their loads go out before waiting for the previous kernel
@@ -750,7 +750,10 @@ int gemv_cols_config(QmmConfig& out) {
         QmmConfig c;
         int by_regs = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-        if constexpr (is_tiled(QT))
+        if constexpr (QT == Q6_K_T)
+            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_q6_tile_kernel<kTileBlocks>,
+                                                                      kThreads, 0));
+        else if constexpr (is_tiled(QT))
             LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_tile_kernel<QT, kTileBlocks>,
                                                                       kThreads, 0));
         else if constexpr (kRows)
@@ -819,6 +822,20 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
             return LB_OK;
         }
     }
+    if constexpr (QT == Q6_K_T && NT == 1 && MT == 1) {
+        // the tiled Q6_K layout (qmm_gemv_rows.cuh gemv_q6_tile_kernel): contiguous lane loads, no restaging
+        if (n == 1) {
+            if (a.items >= INT32_MAX / kWarps)
+                return set_error(LB_ERR_INVALID_ARG, "lb_gemv_q: %lld items", (long long)a.items);
+            // six blocks per SM on sm_90 (80 registers; at seven ptxas spills 40 bytes; qmm_kernel<Q6_K> has 96: five)
+            const int st = gemv_cols_config<QT, true, 6>(c);
+            if (st != LB_OK) return st;
+            const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
+            if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
+            LB_CUDA_TRY(launch_pdl(gemv_q6_tile_kernel<6>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
+            return LB_OK;
+        }
+    }
     const bool ring = kRingType<QT, NT> && tensor_bytes(QT, n_rows, k) >= kRingMinBytes;
     int st = ring ? qmm_config<QT, NT, MT, kRingType<QT, NT>>(c) : qmm_config<QT, NT, MT, false>(c);
     if (st != LB_OK) return st;
@@ -838,16 +855,16 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
 // Shape and pointer checks shared by the entry points; LB_OK or an lb_status with the message set.
 inline int qmm_check(const char* fn, int qtype, const void* w, int64_t n_rows, int k, const float* x, int n,
                      const float* y) {
-    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0 && qtype != Q4_K_T)
+    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0 && qtype != Q4_K_T && qtype != Q6_K_T)
         return set_error(LB_ERR_UNSUPPORTED,
-                         "%s: qtype %d is not one of Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14), tiled Q4_K (268)", fn,
-                         qtype);
+                         "%s: qtype %d is not one of Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14), tiled Q4_K (268), "
+                         "tiled Q6_K (270)", fn, qtype);
     if (!w || !x || !y) return set_error(LB_ERR_INVALID_ARG, "%s: NULL pointer", fn);
     if (n_rows <= 0 || k <= 0 || k % QK)
         return set_error(LB_ERR_INVALID_ARG, "%s: need n_rows > 0 and k a positive multiple of 256 (got %lld, %d)",
                          fn, (long long)n_rows, k);
     if (!rows_fit_layout(qtype, n_rows))
-        return set_error(LB_ERR_INVALID_ARG, "%s: tiled Q4_K needs n_rows a multiple of 16 (got %lld)", fn,
+        return set_error(LB_ERR_INVALID_ARG, "%s: tiled types need n_rows a multiple of 16 (got %lld)", fn,
                          (long long)n_rows);
     if (n < 1 || n > 64) return set_error(LB_ERR_INVALID_ARG, "%s: n = %d columns, need 1..64", fn, n);
     // 16-byte loads of x and of the weights need 16-byte aligned bases

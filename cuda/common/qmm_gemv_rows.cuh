@@ -193,6 +193,76 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_kernel(QmmArgs a) {
     }
 }
 
+// ---- n = 1, Q6_K_T (the tiled Q6_K layout of quant_blocks.cuh) ----------------------------------------------
+//
+// qmm_kernel<Q6_K, 1, 1>'s items (16 rows × one 256-block per warp, 64-row groups, stream-K shares), registers
+// (Traits<Q6_K>::Row, two rows per lane) and arithmetic (qmm_item, qmm_flush: the same numerics), with the loads
+// of the tiled layout: the tile keeps each 16-byte piece where the lane that needs it reads it, so a warp's load
+// instruction is one contiguous run (ql 512 B, qh 256 B, scales 128 B, the 16 rows' d 32 B; eleven loads per lane
+// against qmm_kernel's ten 16-byte pieces over eight rows of a 208-byte-strided layout plus two scattered 2-byte d)
+// and no shared-memory round trip (v9 restaged row-coalesced loads through shared memory and lost, docs/perf.md
+// "Session 6: v9"). Addresses from one item pointer plus lane constants; 32-bit cursors as gemv_k45_tile_kernel
+// (the launch checks the item count). kBlocks: blocks per SM asked of ptxas on sm_90, launched at 6 (ptxas: 80
+// registers, no spills; at 7, 72 registers and 40 bytes of spills; qmm_kernel<Q6_K, 1, 1> uses 96, five blocks).
+// sm_86 compiles it free (95 registers, no spills).
+template <int kBlocks>
+__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
+    using Row = Traits<Q6_K>::Row;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nb = a.k / QK;
+    pdl_trigger();
+    int64_t it0, end0;
+    if (!stream_k_share(a, it0, end0)) return;
+    int left = (int)(end0 - it0);                      // items of this block's share not yet finished
+    int tr = (int)(it0 / nb) * kWarps + warp;          // tile row (16 rows) of the warp's current item
+    int kb = (int)(it0 % nb);                          // its 256-block
+    const int n_tiles = (int)(a.n_rows / kTileRows);  // tr >= n_tiles: past the last row (warp-uniform)
+    // lane offsets in a tile: ql piece t of row g (+ 8h), qh piece t & 1 of it, its scales, d of rows g and g + 8
+    const int o_ql = Q6T::kQl + 16 * lane, o_qh = Q6T::kQh + 32 * g + 16 * (t & 1), o_sc = Q6T::kSc + 16 * g,
+              o_d = Q6T::kD + 4 * g;
+
+    Row rr[1][2];
+    uint32_t d2 = 0;  // fp16 d of rows g (low half) and g + 8 (high half)
+    auto load = [&]() {
+        if (tr >= n_tiles) return;
+        const uint8_t* p = a.w + ((int64_t)tr * nb + kb) * Q6T::kBytes;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                rr[0][h].v[c] = ldg_stream(p + o_ql + 512 * (2 * c + h));
+                rr[0][h].v[2 + c] = ldg_stream(p + o_qh + 256 * (2 * c + h));
+            }
+            rr[0][h].v[4] = ldg_stream(p + o_sc + 128 * h);
+        }
+        d2 = ldg_stream4(p + o_d);
+    };
+
+    float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
+    // The first item's weights are constant: their loads go out before waiting for the previous kernel (PDL).
+    load();
+    pdl_wait();
+    for (;;) {
+        const bool live = tr < n_tiles;
+        if (live) {
+            const float2 d = __half22float2(bits_h2(d2));
+            rr[0][0].d = d.x;
+            rr[0][1].d = d.y;
+            const float* const xb[1] = {a.x + kb * QK + Traits<Q6_K>::klane(t)};
+            qmm_item<Q6_K, 1, 1>(rr, acc, xb, t);
+        }
+        --left;
+        if ((kb + 1 == nb || left == 0) && live) qmm_flush<1, 1>(a, (int64_t)tr * kTileRows, acc, g, t);
+        if (left == 0) break;
+        if (++kb == nb) {
+            kb = 0;
+            tr += kWarps;
+        }
+        load();
+    }
+}
+
 // Blocks per SM asked of ptxas for gemv_k45_tile_kernel on sm_90: LUCEBOX_GEMV_TILE_BLOCKS=6 gives 6, anything else
 // (or unset) 7; read once per process.
 inline int gemv_tile_blocks() {

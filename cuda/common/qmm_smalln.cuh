@@ -182,7 +182,7 @@ __device__ __forceinline__ void smalln_load(const QmmArgs& a, int64_t row0, int 
 #pragma unroll
             for (int p = 0; p < Tr::kPieces; ++p) rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
             if constexpr (Tr::kD16)
-                rr[m][h].d = __half2float(Traits<Q6_K>::d_array(a.w, a.n_rows, a.k)[row * (a.k / QK) + kb]);
+                rr[m][h].d = __half2float(*Tr::d_ptr(a.w, a.n_rows, a.k, row, kb));
         }
 }
 

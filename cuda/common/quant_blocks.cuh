@@ -14,6 +14,20 @@
 //               fp16 d of every block in one array. GGUF's 210-byte block leaves ql at 2-byte
 //               alignment, which would force 2-byte loads (8x the load instructions of the 16-byte
 //               path) or a shared-memory restaging pass; moving d out costs nothing in bytes.
+//   Q6_K_T      ("tiled" Q6_K, qtype Q6_K | 0x100; rows a multiple of 16): tiles of 16 rows × one 256-block,
+//               ordered [rows/16][K/256], each 16 · 210 = 3360 contiguous bytes holding the 16 GGUF blocks with
+//               their fp16 d inside the tile (no trailing array: a concatenation of tiled tensors is again a
+//               tiled tensor), the 16-byte chunks in the order the n = 1 GEMV's lanes read them (Q6T below):
+//               row r = 8h + g of the tile, lane 4g + t, chunk c of ql / qh:
+//                 ql      [c][h][g][t]  16 B: ql bytes 64c + 16t .. +15                   bytes    0 .. 2047
+//                 qh      [c][h][g][t1] 16 B: qh bytes 32c + 16t1 .. +15                  bytes 2048 .. 3071
+//                 scales  [h][g]        16 B                                              bytes 3072 .. 3327
+//                 d       [g][h]         2 B                                              bytes 3328 .. 3359
+//               so each of a lane's eleven loads per item is one contiguous run over the warp (512 B for ql,
+//               256 B for qh with lanes t, t ^ 2 on the same chunk, 128 B of scales, 32 B of d) straight into
+//               Traits<Q6_K>'s pieces: no shared-memory restaging (what made v9 slower, docs/perf.md).
+//               Block (r, kb)'s "block index" is block_index<true> as for Q4_K_T: tile = index / 16, r % 16 =
+//               index % 16 (q6t_offset maps a GGUF block byte into the tile).
 //   Q8_0        all qs bytes [rows, K] int8, then the fp16 d of every 32-block [rows, K/32].
 //               Same reason: GGUF's 34-byte block is only 2-byte aligned.
 // K (the row length) must be a multiple of 256 for every type, so one "item" of work is one
@@ -43,7 +57,7 @@ namespace q {
 enum : int { Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 // Layout flag of the qtype argument (lucebox.h LB_QT_TILED): a tiled device layout of the type in the low byte.
 constexpr int kTiledFlag = 0x100;
-enum : int { Q4_K_T = Q4_K | kTiledFlag };
+enum : int { Q4_K_T = Q4_K | kTiledFlag, Q6_K_T = Q6_K | kTiledFlag };
 constexpr int kTileRows = 16;
 
 constexpr int QK = 256;  // weights per K-quant block, and per work item of every type
@@ -55,7 +69,7 @@ __host__ __device__ constexpr inline bool rows_fit_layout(int qt, int64_t rows) 
 }
 
 // Index, in blocks, of 256-block kb of row `row` of a tensor with nb blocks per row: row-major (the GGUF
-// order) or tiled (Q4_K_T).
+// order) or tiled (Q4_K_T; for Q6_K_T the tile is index / 16 and the row in it index % 16).
 template <bool kTile>
 __host__ __device__ __forceinline__ int64_t block_index(int64_t row, int64_t kb, int64_t nb) {
     if constexpr (kTile) return ((row >> 4) * nb + kb) * kTileRows + (row & (kTileRows - 1));
@@ -89,11 +103,54 @@ static_assert(sizeof(block_q6_K) == 210 && sizeof(block_q8_0) == 34, "block size
 
 constexpr int kQ6Packed = 208;  // Q6_K device block without d
 
+// The Q6_K_T tile (see the layout above): region starts, and the per-row strides of each region (h: rows 8..15).
+struct Q6T {
+    static constexpr int kQl = 0, kQh = 2048, kSc = 3072, kD = 3328, kBytes = 3360;  // 16 · 210
+};
+// Byte offset in a Q6_K_T tile of byte o (0..209: ql 0-127, qh 128-191, scales 192-207, d 208-209) of the GGUF
+// block of tile row r16 (0..15).
+__host__ __device__ constexpr inline int q6t_offset(int r16, int o) {
+    const int h = r16 >> 3, g = r16 & 7;
+    return o < 128   ? Q6T::kQl + 512 * (2 * (o >> 6) + h) + 64 * g + (o & 63)
+           : o < 192 ? Q6T::kQh + 256 * (2 * ((o - 128) >> 5) + h) + 32 * g + ((o - 128) & 31)
+           : o < 208 ? Q6T::kSc + 128 * h + 16 * g + (o - 192)
+                     : Q6T::kD + 4 * g + 2 * h + (o - 208);
+}
+
+// Inverse of q6t_offset: the tile row (r16) and GGUF block byte (o) of byte `off` of a Q6_K_T tile.
+__host__ __device__ constexpr inline void q6t_source(int off, int& r16, int& o) {
+    if (off < Q6T::kQh) {
+        const int reg = off >> 9, in = off & 511;  // region 2c + h
+        r16 = 8 * (reg & 1) + (in >> 6), o = 64 * (reg >> 1) + (in & 63);
+    } else if (off < Q6T::kSc) {
+        const int reg = (off - Q6T::kQh) >> 8, in = (off - Q6T::kQh) & 255;
+        r16 = 8 * (reg & 1) + (in >> 5), o = 128 + 32 * (reg >> 1) + (in & 31);
+    } else if (off < Q6T::kD) {
+        r16 = (off - Q6T::kSc) >> 4, o = 192 + ((off - Q6T::kSc) & 15);
+    } else {
+        const int in = off - Q6T::kD;  // [g][h][2]
+        r16 = 8 * ((in >> 1) & 1) + (in >> 2), o = 208 + (in & 1);
+    }
+}
+
+__host__ __device__ constexpr inline bool q6t_round_trip() {
+    for (int off = 0; off < Q6T::kBytes; ++off) {
+        int r16 = 0, o = 0;
+        q6t_source(off, r16, o);
+        if (r16 < 0 || r16 > 15 || o < 0 || o > 209 || q6t_offset(r16, o) != off) return false;
+    }
+    return true;
+}
+static_assert(q6t_round_trip(), "q6t_offset is a bijection of 16 blocks' 210 bytes onto the 3360-byte tile");
+static_assert(q6t_offset(0, 0) == 0 && q6t_offset(15, 209) == Q6T::kBytes - 1 && q6t_offset(8, 64) == 1536 &&
+                  q6t_offset(7, 191) == Q6T::kQh + 256 * 2 + 7 * 32 + 31 && q6t_offset(9, 192) == Q6T::kSc + 144,
+              "Q6_K_T tile offsets");
+
 // Bytes of a [rows, k] tensor of type qt (GGUF and device layout alike); 0 for an unknown type.
 __host__ __device__ constexpr inline int64_t tensor_bytes(int qt, int64_t rows, int64_t k) {
     return qt == Q4_K || qt == Q4_K_T ? rows * (k / QK) * 144
            : qt == Q5_K ? rows * (k / QK) * 176
-           : qt == Q6_K ? rows * (k / QK) * 210
+           : qt == Q6_K || qt == Q6_K_T ? rows * (k / QK) * 210
            : qt == Q8_0 ? rows * (k / 32) * 34
                         : 0;
 }
@@ -106,6 +163,13 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
+    return v;
+}
+
+// The 4-byte form (Q6_K_T's pair of fp16 d).
+__device__ __forceinline__ uint32_t ldg_stream4(const void* p) {
+    uint32_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
 }
 
@@ -281,6 +345,10 @@ struct Traits<Q6_K> {
     __device__ static const __half* d_array(const uint8_t* w, int64_t n_rows, int k) {
         return reinterpret_cast<const __half*>(w + n_rows * (k / QK) * kQ6Packed);
     }
+    // the fp16 d of (row, block kb)
+    __device__ static const __half* d_ptr(const uint8_t* w, int64_t n_rows, int k, int64_t row, int kb) {
+        return d_array(w, n_rows, k) + row * (k / QK) + kb;
+    }
     __device__ static int klane(int t) { return 16 * t; }
     static constexpr int kstep(int c, int u, int s) { return 128 * c + 64 * s + 4 * u; }
     template <int C, int S>
@@ -304,6 +372,26 @@ struct Traits<Q6_K> {
         const __half2 sub = S ? kSub1536() : kSub1056();
         s02 = h2_bits(__hmul2(__hsub2(bits_h2(p02), sub), k.scale));
         s13 = h2_bits(__hmul2(__hsub2(bits_h2(p13), sub), k.scale));
+    }
+};
+
+// Q6_K_T: Q6_K's pieces and arithmetic at their places in the 16-row tile (q6t_offset; rows past the end, which
+// the kernels clamp to the last row, stay inside the last tile).
+template <>
+struct Traits<Q6_K_T> : Traits<Q6_K> {
+    __device__ static const uint8_t* tile_of(const uint8_t* w, int k, int64_t row, int kb) {
+        return w + ((row >> 4) * (k / QK) + kb) * Q6T::kBytes;
+    }
+    __device__ static const uint8_t* piece(const uint8_t* w, int64_t, int k, int64_t row, int kb, int t, int p) {
+        const uint8_t* b = tile_of(w, k, row, kb);
+        const int h = (int)(row >> 3) & 1, g = (int)row & 7;
+        return p < 2   ? b + Q6T::kQl + 512 * (2 * p + h) + 64 * g + 16 * t
+               : p < 4 ? b + Q6T::kQh + 256 * (2 * (p - 2) + h) + 32 * g + 16 * (t & 1)
+                       : b + Q6T::kSc + 128 * h + 16 * g;
+    }
+    __device__ static const __half* d_ptr(const uint8_t* w, int64_t, int k, int64_t row, int kb) {
+        return reinterpret_cast<const __half*>(tile_of(w, k, row, kb) + Q6T::kD + 4 * ((int)row & 7) +
+                                               2 * ((int)(row >> 3) & 1));
     }
 };
 

@@ -5,7 +5,7 @@
 //
 // Embedding rows are dequantized from the quantized token_embd in the device layout of
 // cuda/common/quant_blocks.cuh (Q4_K / Q5_K: GGUF blocks; tiled Q4_K: the same blocks in 16-row tiles; Q6_K: 208-byte bodies then one fp16 d per
-// block; Q8_0: int8 [rows, K] then fp16 d [rows, K/32]), in fp32 with the formulas of ggml's
+// block; tiled Q6_K: 16-row tiles of 3360 bytes, d inside; Q8_0: int8 [rows, K] then fp16 d [rows, K/32]), in fp32 with the formulas of ggml's
 // dequantize_row_* (the CPU engine's numbers: gguf_io dequantizes the same bytes the same way).
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -31,7 +31,7 @@ __device__ __forceinline__ void scale_min_k4(int is, const uint8_t* q, int& sc, 
     }
 }
 
-// Weight j (0..255) of 256-block b (row-major block index; for the tiled Q4_K_T the tiled one) of a [n_rows, k]
+// Weight j (0..255) of 256-block b (row-major block index; for the tiled Q4_K_T / Q6_K_T the tiled one) of a [n_rows, k]
 // tensor.
 template <int QT>
 __device__ __forceinline__ float dequant(const uint8_t* w, int64_t n_blocks, int64_t b, int j, int64_t row, int k,
@@ -55,6 +55,15 @@ __device__ __forceinline__ float dequant(const uint8_t* w, int64_t n_blocks, int
         const uint8_t lo = (qq & 1) ? ql[l + 32] : ql[l];
         const int q = ((qq & 2) ? (lo >> 4) : (lo & 0xF)) | (((qh >> (2 * qq)) & 3) << 4);
         return ld_half(w + n_blocks * 208 + b * 2) * (float)sc[l / 16 + 2 * qq] * (float)(q - 32);
+    } else if constexpr (QT == Q6_K_T) {  // the same bytes at their places in tile b / 16 (q6t_offset)
+        const uint8_t* tile = w + (b >> 4) * Q6T::kBytes;
+        const int r16 = (int)(b & 15);
+        const int n = j / 128, r = j % 128, l = r % 32, qq = r / 32;
+        const uint8_t qh = tile[q6t_offset(r16, 128 + 32 * n + l)];
+        const int8_t sc = (int8_t)tile[q6t_offset(r16, 192 + 8 * n + l / 16 + 2 * qq)];
+        const uint8_t lo = tile[q6t_offset(r16, 64 * n + l + ((qq & 1) ? 32 : 0))];
+        const int q = ((qq & 2) ? (lo >> 4) : (lo & 0xF)) | (((qh >> (2 * qq)) & 3) << 4);
+        return ld_half(tile + q6t_offset(r16, 208)) * (float)sc * (float)(q - 32);
     } else {  // Q8_0: qs int8 [rows, k], then d [rows, k / 32]
         const int64_t col = (int64_t)cb * 256 + j;
         const int8_t q = reinterpret_cast<const int8_t*>(w)[row * k + col];
@@ -113,9 +122,14 @@ extern "C" LB_API int lb_df_embed_q(int qtype, const void* w, int n_rows, int k,
             break;
         case LB_QT_Q5_K: LB_CUDA_TRY(lb::launch_pdl(embed_kernel<13>, grid, dim3(256), 0, s, W, n_rows, k, I, O)); break;
         case LB_QT_Q6_K: LB_CUDA_TRY(lb::launch_pdl(embed_kernel<14>, grid, dim3(256), 0, s, W, n_rows, k, I, O)); break;
+        case LB_QT_Q6_K_TILED:
+            LB_CHECK_ARG(n_rows % 16 == 0, "tiled Q6_K needs n_rows a multiple of 16");
+            LB_CUDA_TRY(lb::launch_pdl(embed_kernel<LB_QT_Q6_K_TILED>, grid, dim3(256), 0, s, W, n_rows, k, I, O));
+            break;
         case LB_QT_Q8_0: LB_CUDA_TRY(lb::launch_pdl(embed_kernel<8>, grid, dim3(256), 0, s, W, n_rows, k, I, O)); break;
         default:
-            return lb::set_error(LB_ERR_UNSUPPORTED, "lb_df_embed_q: qtype %d (Q4_K, Q5_K, Q6_K, Q8_0, tiled Q4_K)", qtype);
+            return lb::set_error(LB_ERR_UNSUPPORTED, "lb_df_embed_q: qtype %d (Q4_K, Q5_K, Q6_K, Q8_0, tiled Q4_K, tiled Q6_K)",
+                                 qtype);
     }
     return LB_OK;
 }

@@ -153,6 +153,12 @@ LB_API int lb_attn_prefill(const void* qf, const void* k_cache, const void* v_ca
  * lb_df_embed_q); consecutive tiled tensors are one tiled tensor of their summed rows. */
 #define LB_QT_TILED 0x100
 #define LB_QT_Q4_K_TILED (LB_QT_Q4_K | LB_QT_TILED)
+/* LB_QT_Q6_K_TILED (270) is Q6_K in its tiled device layout: tiles of 16 rows × one 256-block, [n_rows/16][k/256],
+ * each the 16 GGUF blocks' 3360 bytes with their fp16 d inside the tile and the 16-byte pieces in the order of the
+ * n = 1 GEMV's lanes (quant_blocks.cuh Q6_K_T; n_rows a multiple of 16), made by lb_quant_repack(LB_QT_Q6_K_TILED,
+ * ...) from the GGUF bytes. lb_gemv_q, lb_gemm_q_smalln, lb_dequant_f16, lb_gemm_q_cublas and lb_df_embed_q take it
+ * (not lb_gemm_q_smalln_seg). */
+#define LB_QT_Q6_K_TILED (LB_QT_Q6_K | LB_QT_TILED)
 
 /* Bytes of a [n_rows, k] tensor of qtype (GGUF and device layout alike); 0 for a bad shape or type (a tiled qtype
  * with n_rows not a multiple of 16 included). */

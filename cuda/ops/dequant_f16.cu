@@ -1,5 +1,5 @@
 // lb_dequant_f16: rows [row0, row0 + rows) of a quantized matrix in the device layout
-// (cuda/common/quant_blocks.cuh, the tiled Q4_K_T included) to fp16 [rows, k] row-major, the first half of the cuBLAS prefill GEMM
+// (cuda/common/quant_blocks.cuh, the tiled Q4_K_T and Q6_K_T included) to fp16 [rows, k] row-major, the first half of the cuBLAS prefill GEMM
 // (cuda/ops/gemm_q_cublas.cu: dequantize a row chunk, then one tensor-core GEMM over it).
 //
 // Values: ggml's dequantize_row_* (and the gguf package's numpy twin, which the CPU engine uses) computed in
@@ -45,7 +45,8 @@ struct Raw {
 };
 
 // gb: where the block is stored, in blocks: its index in the row-major block stream (row * nb + block column), or
-// for Q4_K_T its place in the tiled order (the kernel maps it: quant_blocks.cuh block_index).
+// for Q4_K_T / Q6_K_T its place in the tiled order (the kernel maps it: quant_blocks.cuh block_index; Q6_K_T: tile
+// gb / 16, row gb % 16 of it, the bytes at q6t_offset).
 template <int QT>
 __device__ __forceinline__ Raw load_raw(const uint8_t* __restrict__ w, int64_t n_blocks_all, int64_t gb, int lane) {
     Raw r{};
@@ -64,6 +65,15 @@ __device__ __forceinline__ Raw load_raw(const uint8_t* __restrict__ w, int64_t n
         r.h = ldg_stream8(b + 128 + 32 * n + l);
         r.hdr = __ldg(reinterpret_cast<const uint4*>(b + 192));  // the 16 int8 scales
         r.d16 = __ldg(reinterpret_cast<const unsigned short*>(w + n_blocks_all * kQ6Packed) + gb);
+    } else if constexpr (QT == Q6_K_T) {
+        // Q6_K's bytes (same lanes) at their places in the tile: every 8-byte run stays inside one 16-byte piece
+        const uint8_t* b = w + (gb >> 4) * Q6T::kBytes;
+        const int r16 = (int)(gb & 15);
+        const int n = lane >> 4, qq = (lane & 15) >> 2, l = 8 * (lane & 3);
+        r.q = ldg_stream8(b + q6t_offset(r16, 64 * n + 32 * (qq & 1) + l));
+        r.h = ldg_stream8(b + q6t_offset(r16, 128 + 32 * n + l));
+        r.hdr = __ldg(reinterpret_cast<const uint4*>(b + q6t_offset(r16, 192)));
+        r.d16 = __ldg(reinterpret_cast<const unsigned short*>(b + q6t_offset(r16, 208)));
     } else {  // Q8_0: qs int8 [rows, k] (256 bytes per block), then fp16 d per 32 weights
         r.q = ldg_stream8(w + gb * QK + 8 * lane);
         r.d16 = __ldg(reinterpret_cast<const unsigned short*>(w + n_blocks_all * QK) + gb * 8 + (lane >> 2));
@@ -97,7 +107,7 @@ __device__ __forceinline__ uint4 convert(const Raw& r, int lane) {
             if constexpr (QT == Q5_K) q |= ((byte_of(r.h, i) >> is) & 1) << 4;
             v[i] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
         }
-    } else if constexpr (QT == Q6_K) {
+    } else if constexpr (QT == Q6_K || QT == Q6_K_T) {
         const int n = lane >> 4, qq = (lane & 15) >> 2;
         const int is = 8 * n + ((lane & 3) >> 1) + 2 * qq;  // scale of these 16 weights
         const int wi = is >> 2;  // scale word, chosen by selects (indexing would put hdr in local memory)
@@ -125,7 +135,7 @@ __device__ __forceinline__ uint4 convert(const Raw& r, int lane) {
 }
 
 // grid: ceil(blocks / kBlocksPerCta); out [blocks, 256] fp16 as uint4 (32 per block). A warp converts
-// kBlocksPerWarp blocks: consecutive in the row-major order, or with kTileOrder (tiled Q4_K over whole 16-row
+// kBlocksPerWarp blocks: consecutive in the row-major order, or with kTileOrder (tiled Q4_K / Q6_K over whole 16-row
 // tiles: row0 and rows multiples of 16) consecutive in the stored order, i.e. rows r .. r + 3 of one tile and
 // 256-block, so that its loads are one contiguous 576-byte run (a row's blocks are 2304 bytes apart there) and
 // its stores four whole 512-byte row pieces. The stored index of the range's first block is then gb0 = row0 * nb.
@@ -208,6 +218,7 @@ int dequant_f16_launch(int qtype, const void* w, int64_t n_rows, int k, int64_t 
         case Q4_K_T: return launch<Q4_K_T>(w, n_rows, k, row0, rows, out, s);
         case Q5_K: return launch<Q5_K>(w, n_rows, k, row0, rows, out, s);
         case Q6_K: return launch<Q6_K>(w, n_rows, k, row0, rows, out, s);
+        case Q6_K_T: return launch<Q6_K_T>(w, n_rows, k, row0, rows, out, s);
         case Q8_0: return launch<Q8_0>(w, n_rows, k, row0, rows, out, s);
         default: return set_error(LB_ERR_UNSUPPORTED, "dequant_f16: qtype %d is not Q8_0, Q4_K, Q5_K or Q6_K", qtype);
     }
@@ -215,12 +226,12 @@ int dequant_f16_launch(int qtype, const void* w, int64_t n_rows, int k, int64_t 
 
 // Shape checks shared with lb_gemm_q_cublas (host only: no CUDA call).
 int dequant_f16_check(const char* fn, int qtype, const void* w, int64_t n_rows, int k) {
-    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0 && qtype != Q4_K_T)
-        return set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d is not Q8_0, Q4_K, Q5_K, Q6_K or tiled Q4_K (268)", fn,
-                         qtype);
+    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0 && qtype != Q4_K_T && qtype != Q6_K_T)
+        return set_error(LB_ERR_UNSUPPORTED,
+                         "%s: qtype %d is not Q8_0, Q4_K, Q5_K, Q6_K, tiled Q4_K (268) or tiled Q6_K (270)", fn, qtype);
     if (!w) return set_error(LB_ERR_INVALID_ARG, "%s: NULL weights", fn);
     if (!rows_fit_layout(qtype, n_rows))
-        return set_error(LB_ERR_INVALID_ARG, "%s: tiled Q4_K needs n_rows a multiple of 16", fn);
+        return set_error(LB_ERR_INVALID_ARG, "%s: tiled types need n_rows a multiple of 16", fn);
     if ((uintptr_t)w & 15) return set_error(LB_ERR_INVALID_ARG, "%s: weights must be 16-byte aligned", fn);
     if (n_rows <= 0 || k <= 0 || k % QK)
         return set_error(LB_ERR_INVALID_ARG, "%s: need n_rows > 0 and k a positive multiple of 256", fn);

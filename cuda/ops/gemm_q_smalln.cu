@@ -73,7 +73,7 @@ int staged_launch(int shape, const void* w, int64_t n_rows, int k, const float* 
 // with two row tiles fit only 8), and the register kernel for Q6_K at n <= 8, where it measured faster.
 // -1: the register kernel.
 template <int QT, int NT>
-constexpr int kShippedShape = QT == Q6_K && NT == 1                 ? -1
+constexpr int kShippedShape = (QT == Q6_K || QT == Q6_K_T) && NT == 1 ? -1
                               : (QT == Q4_K || QT == Q4_K_T || QT == Q8_0) && NT <= 3 ? 1
                                                                                       : 3;
 
@@ -129,12 +129,15 @@ int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n,
 
 // The shipped shape of each width (kShippedShape, wide shape G) alone: lb_gemm_q_smalln_seg's launches (Out =
 // SegOut) for the types whose consecutive tensors are one block stream (Q4_K, Q5_K, Q4_K_T), and lb_gemm_q_smalln's
-// for the tiled Q4_K_T (Out = PlainOut), which is instantiated in the shipped shapes only (not in every launch shape
+// for the tiled Q4_K_T and Q6_K_T (Out = PlainOut), which are instantiated in the shipped shapes only (not in every launch shape
 // of the A/B selects: those stay a Q4_K measurement, and the file's build time stays). The selects do not apply.
 template <int QT, int NT, typename Out>
 int shipped_staged(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                    cudaStream_t s, const Out& out) {
-    if constexpr (kShippedShape<QT, NT> == 1)
+    if constexpr (kShippedShape<QT, NT> == -1) {  // the tiled Q6_K at n <= 8: register_dispatch's kernel
+        static_assert(std::is_same_v<Out, PlainOut>, "segments are for the block-stream types");
+        return qmm_launch<QT, 1, 2>(w, n_rows, k, x, n, y, accumulate, s);
+    } else if constexpr (kShippedShape<QT, NT> == 1)
         return qmm_smalln_launch<QT, NT, 2, 4, kMinBlocksB<QT, NT>, false, Out>(w, n_rows, k, x, n, y, accumulate, s,
                                                                                out);
     else
@@ -167,6 +170,7 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
         case Q4_K_T: return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
         case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
+        case Q6_K_T: return shipped_dispatch<Q6_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
         default: return smalln_dispatch<Q8_0>(w, n_rows, k, x, n, y, accumulate, s);
     }
 }

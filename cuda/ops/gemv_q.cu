@@ -17,6 +17,7 @@ int gemv_dispatch(int qtype, const void* w, int64_t n_rows, int k, const float* 
         case Q4_K_T: return qmm_launch<Q4_K_T, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
         case Q5_K: return qmm_launch<Q5_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
         case Q6_K: return qmm_launch<Q6_K, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
+        case Q6_K_T: return qmm_launch<Q6_K_T, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
         default: return qmm_launch<Q8_0, 1, 1>(w, n_rows, k, x, 1, y, accumulate, s);
     }
 }

@@ -1,6 +1,6 @@
 // Load-time conversion of GGUF quantized tensors to the device layout of cuda/common/quant_blocks.cuh
 // (Q6_K and Q8_0 move their fp16 d out of the blocks; Q4_K and Q5_K are copied unchanged; the tiled Q4_K_T
-// reorders whole blocks into 16-row tiles), and a random-weight generator that writes the device layout
+// reorders whole blocks into 16-row tiles; the tiled Q6_K_T places each block's bytes in its 16-row tile), and a random-weight generator that writes the device layout
 // directly (benchmarks, engine smoke tests).
 #include "lb_check.cuh"
 #include "quant_blocks.cuh"
@@ -41,6 +41,19 @@ __global__ void tile_q4k(const uint4* __restrict__ src, uint4* __restrict__ dst,
     dst[d] = src[(row * nb + kb) * kPieces + d % kPieces];
 }
 
+// GGUF Q6_K → Q6_K_T: one thread per 16-bit unit of the destination (GGUF blocks are 2-byte aligned); unit u is
+// byte 2 (u % 1680) of tile u / 1680 = (tile row · nb + kb), which q6t_source maps back to a GGUF block byte.
+__global__ void tile_q6k(const uint16_t* __restrict__ src, uint16_t* __restrict__ dst, int64_t n_units, int nb) {
+    const int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (u >= n_units) return;
+    constexpr int kUnits = Q6T::kBytes / 2;
+    const int64_t item = u / kUnits;
+    int r16 = 0, o = 0;
+    q6t_source(2 * (int)(u - item * kUnits), r16, o);
+    const int64_t row = (item / nb) * kTileRows + r16, kb = item % nb;
+    dst[u] = src[((row * nb + kb) * 210 + o) / 2];
+}
+
 __device__ __forceinline__ uint32_t hash32(uint64_t x) {
     // splitmix64 finaliser: independent bytes from (seed, index)
     x += 0x9E3779B97F4A7C15ull;
@@ -65,6 +78,9 @@ __global__ void fix_scales(uint8_t* dst, int qtype, int64_t n_blocks, int64_t d_
         __half* h = reinterpret_cast<__half*>(dst + b * (qtype == Q5_K ? 176 : 144));
         h[0] = __float2half(1e-3f * (1.0f + u));
         h[1] = __float2half(1e-3f * (1.0f + v));
+    } else if (qtype == Q6_K_T) {  // b in the tiled order: d of row b % 16 of tile b / 16
+        *reinterpret_cast<__half*>(dst + (b >> 4) * Q6T::kBytes + q6t_offset((int)(b & 15), 208)) =
+            __float2half(5e-4f * (1.0f + u));
     } else {
         __half* h = reinterpret_cast<__half*>(dst + d_offset);
         h[b] = __float2half((qtype == Q6_K ? 5e-4f : 4e-3f) * (1.0f + u));
@@ -72,14 +88,15 @@ __global__ void fix_scales(uint8_t* dst, int qtype, int64_t n_blocks, int64_t d_
 }
 
 int check_shape(const char* fn, int qtype, const void* p, int n_rows, int k) {
-    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0 && qtype != Q4_K_T)
-        return lb::set_error(LB_ERR_UNSUPPORTED, "%s: qtype %d is not Q8_0, Q4_K, Q5_K, Q6_K or tiled Q4_K (268)", fn,
+    if (qtype != Q4_K && qtype != Q5_K && qtype != Q6_K && qtype != Q8_0 && qtype != Q4_K_T && qtype != Q6_K_T)
+        return lb::set_error(LB_ERR_UNSUPPORTED,
+                             "%s: qtype %d is not Q8_0, Q4_K, Q5_K, Q6_K, tiled Q4_K (268) or tiled Q6_K (270)", fn,
                              qtype);
     if (!p) return lb::set_error(LB_ERR_INVALID_ARG, "%s: NULL pointer", fn);
     if (n_rows <= 0 || k <= 0 || k % QK)
         return lb::set_error(LB_ERR_INVALID_ARG, "%s: need n_rows > 0 and k a positive multiple of 256", fn);
     if (!rows_fit_layout(qtype, n_rows))
-        return lb::set_error(LB_ERR_INVALID_ARG, "%s: tiled Q4_K needs n_rows a multiple of 16 (got %d)", fn, n_rows);
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: tiled types need n_rows a multiple of 16 (got %d)", fn, n_rows);
     return LB_OK;
 }
 
@@ -109,6 +126,13 @@ extern "C" LB_API int lb_quant_repack(int qtype, const void* src, void* dst, int
         LB_LAUNCH_TRY();
         return LB_OK;
     }
+    if (qtype == Q6_K_T) {
+        const int64_t n_units = (int64_t)bytes / 2;
+        tile_q6k<<<(unsigned)lb::ceil_div(n_units, 256), 256, 0, s>>>(static_cast<const uint16_t*>(src),
+                                                                       static_cast<uint16_t*>(dst), n_units, k / QK);
+        LB_LAUNCH_TRY();
+        return LB_OK;
+    }
     const int64_t n_blocks = (int64_t)n_rows * (k / (qtype == Q6_K ? QK : 32));
     const unsigned grid = (unsigned)lb::ceil_div(n_blocks, 256);
     if (qtype == Q6_K)
@@ -127,7 +151,7 @@ extern "C" LB_API int lb_quant_fill_random(int qtype, void* dst, int n_rows, int
     uint8_t* d = static_cast<uint8_t*>(dst);
     fill_bytes<<<1024, 256, 0, s>>>(d, bytes, seed);
     LB_LAUNCH_TRY();
-    // (Q4_K_T: random bytes are as random in any block order; fix_scales visits every 144-byte block)
+    // (Q4_K_T, Q6_K_T: random bytes are as random in any order; fix_scales visits every block's d)
     const int64_t n_blocks = (int64_t)n_rows * (k / (qtype == Q8_0 ? 32 : QK));
     const int64_t d_offset = qtype == Q6_K ? n_blocks * kQ6Packed : (qtype == Q8_0 ? n_blocks * 32 : 0);
     fix_scales<<<(unsigned)lb::ceil_div(n_blocks, 256), 256, 0, s>>>(d, qtype, n_blocks, d_offset, seed);

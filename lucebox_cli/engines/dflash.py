@@ -191,7 +191,9 @@ class DFlashTargetEngine:
                      "max_context": self.max_context, "upload_s": round(self.load_s, 2),
                      "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
                      "prefill_rows": self.prefill_rows,
-                     "q4k_tile": any(e.tiled for e in entries)}  # in every bench row: a run says how it was made
+                     # in every bench row: a run says how it was made
+                     "q4k_tile": any(e.tiled and e.ggml_type == "Q4_K" for e in entries),
+                     "q6k_tile": any(e.tiled and e.ggml_type == "Q6_K" for e in entries)}
         self.last_verify_ms: Optional[float] = None
         self.reset()
 

@@ -119,8 +119,12 @@ def test_host_repack_matches_device():
     assert tiled, "the tiny Q4_K_M file should hold Q4_K matrices of whole 16-row tiles"
     entries += [(Entry(n, "Q4_K", tuple(m.tensor_info(n).shape), m.tensor_info(n).nbytes, 0, tiled=True), m.raw(n))
                 for n in tiled[:3]]
+    # the tiled Q6_K layout (LUCEBOX_Q6K_TILE=1): the Q6_K matrices above that have whole 16-row tiles
+    entries += [(Entry(n, "Q6_K", tuple(m.tensor_info(n).shape), m.tensor_info(n).nbytes, 0, tiled=True), m.raw(n))
+                for n in cases if m.tensor_info(n).shape[0] % 16 == 0]
+    assert any(e.qtype == 270 for e, _ in entries), "no Q6_K matrix of whole 16-row tiles in the tiny file"
     for e, raw in entries:
-        qid = e.qtype  # 14, 8, or 268 (tiled Q4_K)
+        qid = e.qtype  # 14, 8, 268 (tiled Q4_K) or 270 (tiled Q6_K)
         src, dst = ctypes.c_void_p(), ctypes.c_void_p()
         lib().call("lb_dev_alloc", e.nbytes, ctypes.byref(src))
         lib().call("lb_dev_alloc", e.nbytes, ctypes.byref(dst))
@@ -335,6 +339,25 @@ def test_tiled_q4k_engine(what, monkeypatch):
     try:
         assert eng.info["q4k_tile"], "LUCEBOX_Q4K_TILE=1 uploaded no tiled Q4_K matrix"
         assert any(m.qtype == 268 for m in eng._layers.m.values())
+    finally:
+        eng.close()
+    {"prefill_greedy4": lambda: check_prefill_and_ar(4), "prefill_greedy8": lambda: check_prefill_and_ar(8),
+     "verify_N23": lambda: check_verify_commit(1, 23, 22), "verify_N64": lambda: check_verify_commit(3, 64, 63),
+     "ddtree": lambda: check_speculative_lossless("ddtree", 0.3)}[what]()
+
+
+# The engine with its Q6_K matrices in the tiled layout (LUCEBOX_Q6K_TILE=1 at creation: qtype 270 for every Q6_K
+# matrix of whole 16-row tiles, the LM head included; Q4_K tiled too, the default): the same checks.
+@pytest.mark.parametrize("what", ["prefill_greedy4", "prefill_greedy8", "verify_N23", "verify_N64", "ddtree"])
+def test_tiled_q6k_engine(what, monkeypatch):
+    from lucebox_cli.engines.dflash import DFlashTargetEngine
+
+    monkeypatch.setenv("LUCEBOX_Q6K_TILE", "1")
+    eng = DFlashTargetEngine(gguf(4), max_context=512, budget=22, lib=lib())
+    try:
+        assert eng.info["q6k_tile"], "LUCEBOX_Q6K_TILE=1 uploaded no tiled Q6_K matrix"
+        assert any(m.qtype == 270 for m in eng._layers.m.values())
+        assert not any(m.qtype == 14 for m in eng._layers.m.values())
     finally:
         eng.close()
     {"prefill_greedy4": lambda: check_prefill_and_ar(4), "prefill_greedy8": lambda: check_prefill_and_ar(8),

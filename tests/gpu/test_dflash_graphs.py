@@ -104,14 +104,14 @@ def test_attn_prep_at_equals_prep(pos0, tree):
         assert np.array_equal(a, b), "lb_attn_prep_at differs from lb_attn_prep"
 
 
-@pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_K_T"])
+@pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_K_T", "Q6_K_T"])
 def test_embed_rows(qt):
     import gguf as gg
 
-    from lucebox_cli.engines.dflash_upload import Q4K_TILED, QTYPE_IDS, gguf_bytes, qtype_entry
+    from lucebox_cli.engines.dflash_upload import Q4K_TILED, Q6K_TILED, QTYPE_IDS, gguf_bytes, qtype_entry
 
-    rows, k = (48, 512) if qt == "Q4_K_T" else (37, 512)  # the tiled Q4_K: whole 16-row tiles
-    qid = Q4K_TILED if qt == "Q4_K_T" else QTYPE_IDS[qt]
+    rows, k = (48, 512) if qt.endswith("_T") else (37, 512)  # the tiled layouts: whole 16-row tiles
+    qid = {"Q4_K_T": Q4K_TILED, "Q6_K_T": Q6K_TILED}.get(qt) or QTYPE_IDS[qt]
     nbytes = lib().fn.lb_quant_bytes(qid, rows, k)
     ids = np.asarray([0, 36, 5, 5, 17, 99], np.int32)  # 99: outside the table
     with Pool() as p:

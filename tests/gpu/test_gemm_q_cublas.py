@@ -48,7 +48,7 @@ def device_weights(qt: str, raw: np.ndarray, rows: int, k: int) -> Dev:
 
 
 @pytest.mark.parametrize("qt", list(ALL_QTYPES))
-# The last two ranges are whole 16-row tiles: the tiled Q4_K's dequantization then walks the stored order.
+# The last two ranges are whole 16-row tiles: the tiled Q4_K's / Q6_K's dequantization then walks the stored order.
 @pytest.mark.parametrize("rows,k,row0,n", [(37, 256, 0, 37), (37, 256, 5, 31), (41, 1280, 13, 27), (9, 5120, 3, 5),
                                            (300, 2304, 101, 199), (64, 1280, 16, 32), (304, 2304, 0, 304)],
                          ids=["all-K256", "r5+31-K256", "r13+27-K1280", "r3+5-K5120", "r101+199-K2304",
@@ -82,6 +82,7 @@ def test_dequant_f16_refuses_bad_ranges():
         assert lib().fn.lb_dequant_f16(QTYPES["Q4_K"], w.ptr, 8, 300, 0, 1, out.ptr, None) == 1  # K % 256
         assert lib().fn.lb_dequant_f16(99, w.ptr, 8, 256, 0, 1, out.ptr, None) == 6
         assert lib().fn.lb_dequant_f16(268, w.ptr, 8, 256, 0, 1, out.ptr, None) == 1  # tiled: 16-row tiles
+        assert lib().fn.lb_dequant_f16(270, w.ptr, 8, 256, 0, 1, out.ptr, None) == 1  # tiled Q6_K likewise
     finally:
         w.close()
         out.close()

@@ -122,6 +122,13 @@ def test_tiled_q4k_shipped(rows, k):
     check("Q4_K_T", fit_rows("Q4_K_T", rows), k, NS + WIDE_NS, [0])
 
 
+# The tiled Q6_K (qtype 270) likewise: Q6_K's shipped choices (the register kernel through Traits<Q6_K_T>::piece at
+# n <= 8, shape D at 9..32, G above), every width, rows rounded up to whole tiles, and the 27B ffn_down shape.
+@pytest.mark.parametrize("rows,k", SHAPES + [(5120, 17408)], ids=[f"N{r}-K{k}" for r, k in SHAPES + [(5120, 17408)]])
+def test_tiled_q6k_shipped(rows, k):
+    check("Q6_K_T", fit_rows("Q6_K_T", rows), k, NS + WIDE_NS, [0])
+
+
 # lb_gemm_q_smalln_seg: one tensor's rows sent to up to four outputs (the engine's back-to-back projections at
 # t > 1). Segments of odd sizes that cut row groups mid-way; n across the staged (n <= 32) and wide (33..64)
 # shapes it instantiates; outputs NaN-poisoned (accumulate 0) or preset (accumulate 1).

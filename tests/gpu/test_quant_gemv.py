@@ -9,7 +9,8 @@ compared by relative RMS error (fp16 weights and activations into fp32 accumulat
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_quant_gemv.py [--bench]`, which
 also prints the bandwidth table at the 27B shapes (--gemv-bench: only its n = 1 K-quant rows; --tile-bench: Q4_K
 against the tiled Q4_K at n = 1, 23, 64; --bench-one QT ROWS K ITERS [N]: one shape, for a profiler, QT Q4_K_T
-included). Every Q4_K case also runs on the tiled layout (qtype 268) as "Q4_K_T".
+included; --tile6-bench: Q6_K against the tiled Q6_K at n = 1, 8, 23, 64). Every Q4_K case also runs on the tiled
+layout (qtype 268) as "Q4_K_T", every Q6_K case on the tiled Q6_K (qtype 270) as "Q6_K_T".
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.gpu
 QTYPES = {"Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 # The tiled Q4_K device layout (lb_quant_repack with qtype 268 from the same GGUF bytes; rows a multiple of 16): every
 # Q4_K case runs again on it as "Q4_K_T" at the shape's rows rounded up to 16 (fit_rows), same reference and TOL.
-TILED = {"Q4_K_T": 268}
+TILED = {"Q4_K_T": 268, "Q6_K_T": 270}  # (Q6_K_T: the same for Q6_K, lb_quant_repack with qtype 270)
 ALL_QTYPES = {**QTYPES, **TILED}
 # (weights per block, bytes per block, byte offsets of fp16 scales within a block)
 GEOMETRY = {"Q8_0": (32, 34, (0,)), "Q4_K": (256, 144, (0, 2)), "Q5_K": (256, 176, (0, 2)), "Q6_K": (256, 210, (208,))}
@@ -88,8 +89,8 @@ class Dev:
 
 
 def gguf_type(qt: str) -> str:
-    """The GGUF type of a test qtype name (Q4_K_T: Q4_K bytes, tiled on the device)."""
-    return "Q4_K" if qt in TILED else qt
+    """The GGUF type of a test qtype name (Q4_K_T / Q6_K_T: Q4_K / Q6_K bytes, tiled on the device)."""
+    return qt[:-2] if qt in TILED else qt
 
 
 def fit_rows(qt: str, rows: int) -> int:
@@ -224,7 +225,7 @@ def test_pdl_on_off_same(qt, n):
     assert rel_rms(on.astype(np.float64), off.astype(np.float64)) < 1e-6
 
 
-@pytest.mark.parametrize("qt", ["Q4_K", "Q6_K", "Q4_K_T"])
+@pytest.mark.parametrize("qt", ["Q4_K", "Q6_K", "Q4_K_T", "Q6_K_T"])
 def test_pdl_dependent_chain(qt):
     """y1 = Wa·x then y2 = Wb·y1 back to back on one stream, accumulating onto pre-zeroed outputs (no memset
     between the kernels, as the engine runs them): under PDL the second GEMV's blocks start while the first
@@ -268,6 +269,13 @@ def test_rejects_bad_shapes():
             lib().call(fn, 268, w.ptr, 257, 5120, w.ptr, *extra, w.ptr, 0, None)
     with pytest.raises(LuceboxError, match="multiple of 16"):
         lib().call("lb_quant_repack", 268, w.ptr, w.ptr, 257, 5120, None)
+    # the tiled Q6_K likewise (same bytes as Q6_K)
+    assert lib().fn.lb_quant_bytes(270, 257, 5120) == 0 and lib().fn.lb_quant_bytes(270, 272, 5120) == 272 * 20 * 210
+    for fn, extra in (("lb_gemv_q", ()), ("lb_gemm_q_smalln", (7,))):
+        with pytest.raises(LuceboxError, match="multiple of 16"):
+            lib().call(fn, 270, w.ptr, 257, 5120, w.ptr, *extra, w.ptr, 0, None)
+    with pytest.raises(LuceboxError, match="multiple of 16"):
+        lib().call("lb_quant_repack", 270, w.ptr, w.ptr, 257, 5120, None)
 
 
 def test_tiled_repack_is_the_host_tiling():
@@ -287,6 +295,46 @@ def test_tiled_repack_is_the_host_tiling():
         assert np.array_equal(got, tile_q4k(raw, rows, k)), f"{rows}x{k}"
 
 
+def test_tiled_q6k_repack_is_the_host_tiling():
+    """lb_quant_repack(270) equals engines/dflash_upload.tile_q6k (the engine's host repack) bit for bit, and
+    untile_q6k gives the GGUF bytes back."""
+    from lucebox_cli.engines.dflash_upload import tile_q6k, untile_q6k
+
+    for rows, k in ((16, 256), (304, 256 * 7), (1024, 5120)):
+        raw = random_gguf_bytes("Q6_K", rows, k, seed=rows + k).reshape(-1)
+        src, dst = Dev.of(raw), Dev(raw.nbytes)
+        try:
+            lib().call("lb_quant_repack", 270, src.ptr, dst.ptr, rows, k, None)
+            got = dst.get(np.uint8, raw.size)
+        finally:
+            src.close()
+            dst.close()
+        assert np.array_equal(got, tile_q6k(raw, rows, k)), f"{rows}x{k}"
+        assert np.array_equal(untile_q6k(got, rows, k), raw)
+
+
+def test_tiled_q6k_matches_q6k():
+    """The tiled Q6_K runs Q6_K's arithmetic: n = 1 (gemv_q6_tile_kernel against qmm_kernel<Q6_K>) and n = 7 (the
+    register kernel through Traits<Q6_K_T>::piece) agree with the untiled Q6_K to fp32 atomics order."""
+    for rows, k, n in ((5120, 17408, 1), (1008, 256 * 7, 1), (1008, 256 * 7, 7), (1008, 256 * 7, 23)):
+        wt, _ = case("Q6_K_T", rows, k)
+        w, _ = case("Q6_K", rows, k)
+        x = np.random.default_rng(9).standard_normal((n, k)).astype(np.float32)
+        xd, ya, yb = Dev.of(x), Dev(4 * n * rows), Dev(4 * n * rows)
+        try:
+            for qid, wd, yd in ((14, w, ya), (270, wt, yb)):
+                if n == 1:
+                    lib().call("lb_gemv_q", qid, wd.ptr, rows, k, xd.ptr, yd.ptr, 0, None)
+                else:
+                    lib().call("lb_gemm_q_smalln", qid, wd.ptr, rows, k, xd.ptr, n, yd.ptr, 0, None)
+            a, b = ya.get(np.float32, n * rows), yb.get(np.float32, n * rows)
+        finally:
+            for d in (xd, ya, yb):
+                d.close()
+        assert np.isfinite(b).all()
+        assert rel_rms(b.astype(np.float64), a.astype(np.float64)) < 1e-6, (rows, k, n)
+
+
 # ---- bandwidth table at the 27B shapes (script mode, or pytest -k bandwidth -s) ------------------
 
 BENCH_SHAPES = [("ffn_gate/up", 17408, 5120), ("ffn_down", 5120, 17408), ("attn_qkv", 10240, 5120),
@@ -298,7 +346,7 @@ def bandwidth_rows(peak_gbs: float = 4000.0, ns=(1,), iters: int = 50, types=tup
     for qt in types:
         qid = ALL_QTYPES[qt]
         for name, n_rows, k in BENCH_SHAPES:
-            if (name == "lm_head" and qt not in ("Q6_K", "Q8_0")) or (tensors and name not in tensors):
+            if (name == "lm_head" and qt not in ("Q6_K", "Q6_K_T", "Q8_0")) or (tensors and name not in tensors):
                 continue
             for n in ns:
                 ms = ctypes.c_float()
@@ -337,7 +385,7 @@ def _main(argv: list[str]) -> int:
         cases += [(qt, fit_rows(qt, r), k, 1, a) for r, k in GEMV_SHAPES for a in (0, 1)]
         cases += [(qt, *MANY_ITEMS_SHAPE, n, n % 2) for n in MANY_ITEMS_NS]
         cases += [(qt, fit_rows(qt, r), k, n, n % 2) for r, k in SMALLN_SHAPES for n in NS]
-    if any(f in argv for f in ("--bench-only", "--bench-one", "--gemv-bench", "--tile-bench")):
+    if any(f in argv for f in ("--bench-only", "--bench-one", "--gemv-bench", "--tile-bench", "--tile6-bench")):
         cases = []
     for qt, r, k, n, acc in cases:
         try:
@@ -359,6 +407,8 @@ def _main(argv: list[str]) -> int:
         print(format_table(bandwidth_rows(ns=(1,), types=("Q4_K", "Q4_K_T", "Q5_K", "Q6_K"))), flush=True)
     if "--tile-bench" in argv:  # Q4_K against the tiled Q4_K, n = 1 and the verify's / prefill's widths
         print(format_table(bandwidth_rows(ns=(1, 23, 64), types=("Q4_K", "Q4_K_T"))), flush=True)
+    if "--tile6-bench" in argv:  # Q6_K against the tiled Q6_K (n = 1: gemv_q6_tile_kernel against qmm_kernel)
+        print(format_table(bandwidth_rows(ns=(1, 8, 23, 64), types=("Q6_K", "Q6_K_T"))), flush=True)
     if "--bench" in argv or "--bench-only" in argv:
         rows = bandwidth_rows(ns=(1,))
         rows += bandwidth_rows(ns=(2, 8, 23, 64), types=("Q4_K",))

@@ -326,3 +326,42 @@ def test_decode_step_fuses_back_to_back_projections(gguf, cpu_model, tile, monke
     # and the single GEMMs left are whole matrices
     assert all(a[2] in {w.rows for w in m.values()} for name, a in verify_log if name == "lb_gemm_q_smalln")
     gpu.close()
+
+
+@pytest.mark.parametrize("q4", ["0", "1"], ids=["gguf-q4k", "tiled-q4k"])
+def test_tiled_q6k_prefill_verify_and_steps(gguf, cpu_model, q4, monkeypatch):
+    """LUCEBOX_Q6K_TILE=1 at creation: every Q6_K matrix of whole 16-row tiles (the tiny Q4_K_M's LM head and Q6_K
+    FFN / attention matrices) uploads as qtype 270 (read back by the fake through untile_q6k), nothing else moves,
+    and prefill, a tree verify with its commit, and the steps after it match the CPU engine as in the other tests."""
+    monkeypatch.setenv("LUCEBOX_Q4K_TILE", q4)
+    monkeypatch.setenv("LUCEBOX_Q6K_TILE", "1")
+    gpu, cpu, lib = engines(gguf, cpu_model)
+    assert gpu.info["q6k_tile"] and gpu.info["q4k_tile"] == (q4 == "1")
+    qtypes = {w.qtype for w in gpu._layers.m.values()}
+    assert 270 in qtypes and 14 not in qtypes, qtypes
+    ids = np.random.default_rng(7).integers(0, 4096, 70)  # 64 + 6: two prefill passes
+    lib.log = []
+    lg, lc = gpu.prefill(ids), cpu.prefill(ids)
+    log, lib.log = lib.log, None
+    assert any(a[0] == 270 for name, a in log if name.startswith("lb_gemm_q")), "no tiled Q6_K product in prefill"
+    assert rel(lg, lc) < TOL
+    tree = branched_tree(7, 17, 4096)
+    rg, rc = gpu.verify(tree), cpu.verify(tree)
+    assert rel(rg.logits, rc.logits) < TOL
+    path = tree.path_to(int(np.argmax(tree.depth)))
+    gpu.commit(path)
+    cpu.commit(path)
+    tok_g = tok_c = 5
+    for _ in range(4):
+        lg, lc = gpu.step(tok_g), cpu.step(tok_c)
+        assert rel(lg, lc) < TOL
+        tok_g, tok_c = int(np.argmax(lg)), int(np.argmax(lc))
+        assert tok_g == tok_c
+    gpu.close()
+
+
+def test_q6k_tile_is_off_by_default(gguf, cpu_model, monkeypatch):
+    monkeypatch.delenv("LUCEBOX_Q6K_TILE", raising=False)
+    gpu, _, _ = engines(gguf, cpu_model)
+    assert not gpu.info["q6k_tile"] and 270 not in {w.qtype for w in gpu._layers.m.values()}
+    gpu.close()

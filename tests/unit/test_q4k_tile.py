@@ -140,7 +140,7 @@ def test_concatenated_tiled_tensors_are_one_tiled_tensor():
 
 def test_entries_and_switch():
     assert q4k_tile_default({}) and not q4k_tile_default({TILE_ENV: "0"}) and q4k_tile_default({TILE_ENV: "1"})
-    assert can_tile("Q4_K", (48, 5120)) and not can_tile("Q4_K", (6, 256)) and not can_tile("Q6_K", (48, 5120))
+    assert can_tile("Q4_K", (48, 5120)) and not can_tile("Q4_K", (6, 256)) and not can_tile("Q8_0", (48, 5120))
     with pytest.raises(ValueError, match="tiled"):
         Entry("w", "Q4_K", (6, 256), 6 * 144, 0, tiled=True)
     e = qtype_entry("w", Q4K_TILED, 32, 512)
