@@ -315,7 +315,7 @@ def test_tiled_q6k_repack_is_the_host_tiling():
 
 def test_tiled_q6k_matches_q6k():
     """The tiled Q6_K runs Q6_K's arithmetic: n = 1 (gemv_q6_tile_kernel against qmm_kernel<Q6_K>) and n = 7 (the
-    register kernel through Traits<Q6_K_T>::piece) agree with the untiled Q6_K to fp32 atomics order."""
+    register kernel through Traits<Q6_K_T>::piece) agree with the untiled Q6_K up to fp32 summation order."""
     for rows, k, n in ((5120, 17408, 1), (1008, 256 * 7, 1), (1008, 256 * 7, 7), (1008, 256 * 7, 23)):
         wt, _ = case("Q6_K_T", rows, k)
         w, _ = case("Q6_K", rows, k)
@@ -332,7 +332,10 @@ def test_tiled_q6k_matches_q6k():
             for d in (xd, ya, yb):
                 d.close()
         assert np.isfinite(b).all()
-        assert rel_rms(b.astype(np.float64), a.astype(np.float64)) < 1e-6, (rows, k, n)
+        # Same products, different fp32 summation order (the two kernels split K across blocks differently: 6 blocks
+        # per SM against 5, stream-K atomics): a random-walk bound of 2·sqrt(K)·2^-24 relative (1.6e-5 at K = 17408,
+        # which measured 1.56e-6 on the H200; a 1e-6 bound failed there). A wrong block or scale is O(1).
+        assert rel_rms(b.astype(np.float64), a.astype(np.float64)) < 2 * np.sqrt(k) * 2.0**-24, (rows, k, n)
 
 
 # ---- bandwidth table at the 27B shapes (script mode, or pytest -k bandwidth -s) ------------------
