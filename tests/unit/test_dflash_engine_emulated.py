@@ -360,8 +360,12 @@ def test_tiled_q6k_prefill_verify_and_steps(gguf, cpu_model, q4, monkeypatch):
     gpu.close()
 
 
-def test_q6k_tile_is_off_by_default(gguf, cpu_model, monkeypatch):
+def test_q6k_tile_is_on_by_default_and_off_by_switch(gguf, cpu_model, monkeypatch):
     monkeypatch.delenv("LUCEBOX_Q6K_TILE", raising=False)
+    gpu, _, _ = engines(gguf, cpu_model)
+    assert gpu.info["q6k_tile"] and 270 in {w.qtype for w in gpu._layers.m.values()}
+    gpu.close()
+    monkeypatch.setenv("LUCEBOX_Q6K_TILE", "0")
     gpu, _, _ = engines(gguf, cpu_model)
     assert not gpu.info["q6k_tile"] and 270 not in {w.qtype for w in gpu._layers.m.values()}
     gpu.close()

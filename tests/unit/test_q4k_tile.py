@@ -173,7 +173,7 @@ def test_27b_every_q4k_matrix_tiles():
     cfg = mp.qwen35_27b_config()
     sizes = mp.sizes_from_mix(cfg, "Q4_K_M")
     model = _FakeModel(sizes)
-    off, on = upload_plan(model, cfg, tile=False), upload_plan(model, cfg, tile=True)
+    off, on = upload_plan(model, cfg, tile=False, tile6=False), upload_plan(model, cfg, tile=True, tile6=False)
     q4k = [e for e in on if e.ggml_type == "Q4_K"]
     assert q4k and all(e.tiled and e.qtype == Q4K_TILED for e in q4k)
     assert not any(e.tiled for e in off) and not any(e.tiled for e in on if e.ggml_type != "Q4_K")

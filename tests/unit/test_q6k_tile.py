@@ -190,7 +190,7 @@ def test_concatenated_tiled_tensors_are_one_tiled_tensor():
 
 
 def test_entries_and_switch():
-    assert not q6k_tile_default({}) and not q6k_tile_default({TILE6_ENV: "0"}) and q6k_tile_default({TILE6_ENV: "1"})
+    assert q6k_tile_default({}) and not q6k_tile_default({TILE6_ENV: "0"}) and q6k_tile_default({TILE6_ENV: "1"})
     assert not q6k_tile_default({TILE6_ENV: ""})
     assert can_tile("Q6_K", (48, 5120)) and not can_tile("Q6_K", (8, 256)) and not can_tile("Q8_0", (48, 5120))
     with pytest.raises(ValueError, match="tiled"):
