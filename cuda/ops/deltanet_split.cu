@@ -9,6 +9,7 @@
 //     during each matmul (grids that fit 2/SM anyway, the 0.8B's 128 blocks).
 //  2. dn_chunk_output, one block per (64-column dv slice, head, chunk), all chunks in parallel.
 // Extra traffic: hs, H·nch·64 KB written once and read once.
+#include <atomic>
 #include <cuda_runtime.h>
 
 #include "deltanet_chunked.cuh"
@@ -273,19 +274,35 @@ int split_prepare() {
     return (int)e;
 }
 
+// How many dn_state_pass blocks of the double-buffered size the current device holds at once. Asked of the runtime
+// once per device: split_scan runs once per DeltaNet layer and prefill pass (48 times a 27B prefill).
+static cudaError_t resident_double_buffered(int* out) {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> known[kMaxDevices];  // 0: not asked yet
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    if (dev < kMaxDevices && (*out = known[dev].load(std::memory_order_relaxed)) > 0) return cudaSuccess;
+    int sms = 0, per_sm = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dn_state_pass, 256, state_smem(true));
+    if (e != cudaSuccess) return e;
+    *out = per_sm * sms;
+    if (dev < kMaxDevices && *out > 0) known[dev].store(*out, std::memory_order_relaxed);
+    return cudaSuccess;
+}
+
 int split_scan(const float* q, const float* k, Scratch sc, float* state, float* o, int T, int H, int mode,
                cudaStream_t s) {
     const dim3 sgrid(D / HVS, H);
     bool dbl = mode == 2;
     if (mode == 0) {
         // double-buffer only when the whole grid is resident at the double-buffered size anyway
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dn_state_pass, 256, state_smem(true));
+        int resident = 0;
+        const cudaError_t e = resident_double_buffered(&resident);
         if (e != cudaSuccess) return (int)e;
-        dbl = (int)(sgrid.x * sgrid.y) <= per_sm * sms;
+        dbl = (int)(sgrid.x * sgrid.y) <= resident;
     }
     dn_state_pass<<<sgrid, 256, state_smem(dbl), s>>>(k, sc, state, T, dbl ? 1 : 0);
     cudaError_t e = cudaGetLastError();

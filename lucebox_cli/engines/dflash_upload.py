@@ -208,7 +208,7 @@ def upload_plan(model: Any, cfg: Qwen35Config, tile: Optional[bool] = None,
     Q4_K matrices of whole 16-row tiles in the tiled layout (None: q4k_tile_default()). Back-to-back tiled tensors
     stay one tiled tensor of their summed rows, so the fused projections (dflash_layers.matmuls) still fuse; a
     Q4_K tensor that cannot tile keeps qtype 12 and so never fuses with a tiled one. tile6: the same for Q6_K
-    (None: q6k_tile_default(), off by default); tiled Q6_K (270) never fuses (dflash_layers._ROW_BYTES_PER_256)."""
+    (None: q6k_tile_default(), on by default); tiled Q6_K (270) never fuses (dflash_layers._ROW_BYTES_PER_256)."""
     check_supported(cfg)
     tile = q4k_tile_default() if tile is None else bool(tile)
     tile6 = q6k_tile_default() if tile6 is None else bool(tile6)
