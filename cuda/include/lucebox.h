@@ -226,6 +226,13 @@ LB_API uint64_t lb_gemm_q_cublas_scratch_bytes(int n, int k, int64_t chunk_rows)
  * aligned. LB_ERR_NOT_FOUND "cuBLAS not loaded" (before any CUDA work) when lb_blas_ready() is 0. */
 LB_API int lb_gemm_q_cublas(int qtype, const void* w, int64_t n_rows, int k, const float* x, int n, float* y,
                             int accumulate, void* scratch, uint64_t scratch_bytes, void* stream);
+/* x fp32 → out fp16 (round to nearest), count a multiple of 8, both 16-byte aligned. */
+LB_API int lb_f32_to_f16(const float* x, int64_t count, void* out, void* stream);
+/* lb_gemm_q_cublas with x already in fp16 (x16 [n, k], 16-byte aligned, e.g. from lb_f32_to_f16), so that several
+ * matrices reading one input convert it once; scratch (256-byte aligned) holds only the fp16 weight chunks: at
+ * least 2·k bytes, rows as it holds. */
+LB_API int lb_gemm_q_cublas_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n, float* y,
+                                int accumulate, void* scratch, uint64_t scratch_bytes, void* stream);
 
 /* ---- Device buffers (cuda/ops/dev_buffers.cu): for callers without another CUDA binding --------- */
 LB_API int lb_dev_alloc(uint64_t nbytes, void** out);

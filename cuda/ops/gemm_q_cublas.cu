@@ -10,6 +10,10 @@
 // [r0, r0 + rows_c) writes C at y + r0 with the same ldc. beta = accumulate (0: C is not read, so a NaN-poisoned
 // y is overwritten, as lb_gemm_q_smalln's accumulate = 0).
 //
+// lb_f32_to_f16 + lb_gemm_q_cublas_x16 split the two: the engine converts a pass's input once and runs every matrix
+// that reads it (the DeltaNet's four projections, q/k/v, gate/up) on the same fp16 copy; one conversion per
+// matrix was 496 launches and 2.9 ms of a 27B pp520 (H200 timeline, session 8).
+//
 // cuBLAS comes through lb::blas (cuda/core/cublas_gemm.cuh): without a loaded library the call fails cleanly
 // with LB_ERR_NOT_FOUND "cuBLAS not loaded" before any CUDA work.
 #include <cuda_fp16.h>
@@ -56,43 +60,89 @@ extern "C" LB_API uint64_t lb_gemm_q_cublas_scratch_bytes(int n, int k, int64_t 
     return al(2ull * (uint64_t)n * (uint64_t)k) + al(2ull * (uint64_t)chunk_rows * (uint64_t)k);
 }
 
-extern "C" LB_API int lb_gemm_q_cublas(int qtype, const void* w, int64_t n_rows, int k, const float* x, int n, float* y,
-                                       int accumulate, void* scratch, uint64_t scratch_bytes, void* stream) {
-    int st = lb::dequant_f16_check(__func__, qtype, w, n_rows, k);
-    if (st != LB_OK) return st;
-    LB_CHECK_ARG(n_rows <= INT_MAX, "n_rows must fit an int (cuBLAS's m and ldc)");
-    LB_CHECK_ARG(x && y && n >= 1, "need x, y and n >= 1");
-    LB_CHECK_ARG(!((uintptr_t)x & 15), "x must be 16-byte aligned");
-    LB_CHECK_ARG(scratch && !((uintptr_t)scratch & (kAlign - 1)), "scratch must be a 256-byte aligned device pointer");
-    const uint64_t xb = al(2ull * (uint64_t)n * (uint64_t)k);
+namespace {
+
+// The shared body: x16 fp16 [n, k] (converted by the caller), W dequantized chunk by chunk into w16 (w16_bytes,
+// at least one row), one cublasGemmEx per chunk.
+int gemm_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n, float* y, int accumulate,
+             void* w16, uint64_t w16_bytes, cudaStream_t s) {
     const uint64_t row_bytes = 2ull * (uint64_t)k;
-    if (scratch_bytes < xb + row_bytes)
-        return lb::set_error(LB_ERR_INVALID_ARG, "%s: scratch of %llu bytes, need at least %llu "
-                             "(lb_gemm_q_cublas_scratch_bytes(n, k, 1))", __func__, (unsigned long long)scratch_bytes,
-                             (unsigned long long)(xb + row_bytes));
-    if (!lb::blas::ready())
-        return lb::set_error(LB_ERR_NOT_FOUND, "%s: cuBLAS not loaded (the prefill's small-N GEMMs still work: "
-                             "LUCEBOX_PREFILL_GEMM=own)", __func__);
-    int64_t chunk = (int64_t)((scratch_bytes - xb) / row_bytes);
+    int64_t chunk = (int64_t)(w16_bytes / row_bytes);
     if (chunk < n_rows) chunk = chunk >= kChunkAlign ? chunk / kChunkAlign * kChunkAlign : chunk;
     else chunk = n_rows;
-    cudaStream_t s = static_cast<cudaStream_t>(stream);
-    uint8_t* base = static_cast<uint8_t*>(scratch);
-    void* x16 = base;
-    void* w16 = base + xb;
-    const int64_t count8 = (int64_t)n * k / 8;
-    const int64_t grid = (count8 + kThreads - 1) / kThreads;
-    to_f16_kernel<<<(unsigned)(grid < 4096 ? grid : 4096), kThreads, 0, s>>>(reinterpret_cast<const float4*>(x),
-                                                                             static_cast<uint4*>(x16), count8);
-    LB_LAUNCH_TRY();
     const float beta = accumulate ? 1.0f : 0.0f;
     for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
         const int64_t rc = n_rows - r0 < chunk ? n_rows - r0 : chunk;
-        st = lb::dequant_f16_launch(qtype, w, n_rows, k, r0, rc, w16, s);
+        int st = lb::dequant_f16_launch(qtype, w, n_rows, k, r0, rc, w16, s);
         if (st != LB_OK) return st;
         st = lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, (int)rc, n, k, 1.0f, w16, lb::blas::kR16F, k, x16,
                                lb::blas::kR16F, k, beta, y + r0, lb::blas::kR32F, (int)n_rows, s);
         if (st != LB_OK) return st;
     }
     return LB_OK;
+}
+
+cudaError_t to_f16_launch(const float* x, int64_t count, void* out, cudaStream_t s) {
+    const int64_t count8 = count / 8;
+    const int64_t grid = (count8 + kThreads - 1) / kThreads;
+    to_f16_kernel<<<(unsigned)(grid < 4096 ? grid : 4096), kThreads, 0, s>>>(reinterpret_cast<const float4*>(x),
+                                                                             static_cast<uint4*>(out), count8);
+    return cudaGetLastError();
+}
+
+// Checks common to both entry points (the weights, the shapes, the scratch), before any CUDA work.
+int check_common(const char* fn, int qtype, const void* w, int64_t n_rows, int k, const void* x, int n,
+                 const float* y, const void* scratch) {
+    int st = lb::dequant_f16_check(fn, qtype, w, n_rows, k);
+    if (st != LB_OK) return st;
+    if (n_rows > INT_MAX) return lb::set_error(LB_ERR_INVALID_ARG, "%s: n_rows must fit an int (cuBLAS's m and ldc)", fn);
+    if (!x || !y || n < 1) return lb::set_error(LB_ERR_INVALID_ARG, "%s: need x, y and n >= 1", fn);
+    if ((uintptr_t)x & 15) return lb::set_error(LB_ERR_INVALID_ARG, "%s: x must be 16-byte aligned", fn);
+    if (!scratch || ((uintptr_t)scratch & (kAlign - 1)))
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: scratch must be a 256-byte aligned device pointer", fn);
+    return LB_OK;
+}
+
+int not_loaded(const char* fn) {
+    return lb::set_error(LB_ERR_NOT_FOUND, "%s: cuBLAS not loaded (the prefill's small-N GEMMs still work: "
+                         "LUCEBOX_PREFILL_GEMM=own)", fn);
+}
+
+}  // namespace
+
+extern "C" LB_API int lb_gemm_q_cublas(int qtype, const void* w, int64_t n_rows, int k, const float* x, int n, float* y,
+                                       int accumulate, void* scratch, uint64_t scratch_bytes, void* stream) {
+    int st = check_common(__func__, qtype, w, n_rows, k, x, n, y, scratch);
+    if (st != LB_OK) return st;
+    const uint64_t xb = al(2ull * (uint64_t)n * (uint64_t)k);
+    const uint64_t row_bytes = 2ull * (uint64_t)k;
+    if (scratch_bytes < xb + row_bytes)
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: scratch of %llu bytes, need at least %llu "
+                             "(lb_gemm_q_cublas_scratch_bytes(n, k, 1))", __func__, (unsigned long long)scratch_bytes,
+                             (unsigned long long)(xb + row_bytes));
+    if (!lb::blas::ready()) return not_loaded(__func__);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    uint8_t* base = static_cast<uint8_t*>(scratch);
+    LB_CUDA_TRY(to_f16_launch(x, (int64_t)n * k, base, s));
+    return gemm_x16(qtype, w, n_rows, k, base, n, y, accumulate, base + xb, scratch_bytes - xb, s);
+}
+
+extern "C" LB_API int lb_f32_to_f16(const float* x, int64_t count, void* out, void* stream) {
+    LB_CHECK_ARG(x && out && count >= 8 && count % 8 == 0, "need x, out and a positive count that is a multiple of 8");
+    LB_CHECK_ARG(!((uintptr_t)x & 15) && !((uintptr_t)out & 15), "x and out must be 16-byte aligned");
+    LB_CUDA_TRY(to_f16_launch(x, count, out, static_cast<cudaStream_t>(stream)));
+    return LB_OK;
+}
+
+extern "C" LB_API int lb_gemm_q_cublas_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n,
+                                           float* y, int accumulate, void* scratch, uint64_t scratch_bytes,
+                                           void* stream) {
+    int st = check_common(__func__, qtype, w, n_rows, k, x16, n, y, scratch);
+    if (st != LB_OK) return st;
+    if (scratch_bytes < 2ull * (uint64_t)k)
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: scratch of %llu bytes, need at least one fp16 row (%llu)",
+                             __func__, (unsigned long long)scratch_bytes, 2ull * (unsigned long long)k);
+    if (!lb::blas::ready()) return not_loaded(__func__);
+    return gemm_x16(qtype, w, n_rows, k, x16, n, y, accumulate, scratch, scratch_bytes,
+                    static_cast<cudaStream_t>(stream));
 }

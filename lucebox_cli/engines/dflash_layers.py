@@ -145,6 +145,10 @@ class Sym:
         return f"Sym({self.key!r}{f' + {self.add}' if self.add else ''})"
 
 
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
 def _regions(base: int, t: int, widths: tuple[int, ...], align: int = 256) -> tuple[list[int], int]:
     """Start addresses of regions of t rows of each width (floats) packed from base, each start `align`-byte
     aligned, and the bytes from base to the end of the last one (the range one zeroing clears)."""
@@ -297,8 +301,18 @@ class Layers:
         keep one launch each: their device layout puts the fp16 scales after each tensor's blocks. On the cuBLAS path
         (wide passes) each matrix is its own call: one GEMM per matrix, whose outputs are separate regions."""
         if self._cublas(t):
+            # x to fp16 once for all of them (lb_gemm_q_cublas's layout: the fp16 x first in the scratch, the weight
+            # chunks after it), and each output written with beta = 0: the norm before a cuBLAS pass clears nothing
+            # (clearing ~106 MB a layer at pp520 and reading it back as C cost ~3 ms of the 27B's prefill)
+            k = self.m[names[0]].k
+            assert all(self.m[n].k == k for n in names), "one input, one K"
+            xb = _align(2 * t * k, 256)
+            scratch, nbytes = self.b.gemm_scratch, self.b.gemm_scratch_bytes
+            self._call("lb_f32_to_f16", x, t * k, scratch, self.stream)
             for name, y in zip(names, ys):
-                self.matmul(name, x, y, t)
+                w = self.m[name]
+                self._call("lb_gemm_q_cublas_x16", w.qtype, w.ptr, w.rows, w.k, scratch, t, y, 0, scratch + xb,
+                           nbytes - xb, self.stream)
             return
         groups: list[list[int]] = []
         for i, name in enumerate(names):
@@ -392,13 +406,15 @@ class Layers:
                 new_layer()
             pre = f"blk.{i}."
             regs, zero = self.attention_regions(p.t) if cfg.is_attention(i) else self.deltanet_regions(i, p)
-            self.rmsnorm(b.x, pre + "attn_norm.weight", b.h, p.t, zero)
+            # a cuBLAS pass writes its projections with beta = 0 (matmuls): nothing to clear first
+            wide = self._cublas(p.t)
+            self.rmsnorm(b.x, pre + "attn_norm.weight", b.h, p.t, () if wide else zero)
             if cfg.is_attention(i):
                 self.attention(i, p, regs)
             else:
                 self.deltanet(i, p, regs)
             regs, zero = self.mlp_regions(p.t)
-            self.rmsnorm(b.x, pre + "post_attention_norm.weight", b.h, p.t, zero)
+            self.rmsnorm(b.x, pre + "post_attention_norm.weight", b.h, p.t, () if wide else zero)
             self.mlp(i, p.t, regs)
             if i in taps and on_tap is not None:
                 on_tap(i)

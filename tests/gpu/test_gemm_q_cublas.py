@@ -4,6 +4,8 @@ lb_dequant_f16 against the gguf package's dequantization (what the CPU engine us
 every type, row ranges that start past row 0 and have odd lengths (the Q6_K / Q8_0 trailing d arrays are indexed
 by the whole tensor's rows), K = 256 .. 5120, the output NaN-poisoned first (and its guard rows checked untouched).
 
+lb_f32_to_f16 + lb_gemm_q_cublas_x16 (one conversion shared by several matrices) bit-identical to lb_gemm_q_cublas.
+
 lb_gemm_q_cublas against the float64 reference of test_quant_gemv.py and against lb_gemm_q_smalln: odd sizes
 (rows 301 and 4099, n = 1, 65, 300), accumulate 0 (NaN-poisoned y) and 1, a scratch that holds the whole matrix
 and one that forces several row chunks. Skipped, with the reason, where the library has no cuBLAS loaded
@@ -149,6 +151,64 @@ def test_gemm_q_cublas(qt, rows, k, n, accumulate):
         err = rel_rms(got, want)
         assert err < TOL, f"{qt} {rows}x{k} n={n} acc={accumulate} chunk={chunk}: rel RMS {err:.3g} vs float64"
         assert rel_rms(got, smalln) < 2 * TOL, f"{qt} {rows}x{k} n={n}: cuBLAS and small-N differ"
+
+
+@pytest.mark.parametrize("qt", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("n", [1, 65, 300])
+@pytest.mark.parametrize("accumulate", [0, 1])
+def test_gemm_q_cublas_x16_equals_the_one_call_form(qt, n, accumulate):
+    """lb_f32_to_f16 + lb_gemm_q_cublas_x16 (the engine's grouped projections: one conversion, several matrices) is
+    the same computation as lb_gemm_q_cublas: bit-identical y, over several row chunks, accumulate 0 onto NaN / 1;
+    the fp16 x equals numpy's round-to-nearest conversion bit for bit."""
+    needs_cublas()
+    rows, k = fit_rows(qt, 4099), 256 * 16
+    w, _ = case(qt, rows, k)
+    rng = np.random.default_rng(4000 + n)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    y0 = rng.standard_normal((n, rows)).astype(np.float32)
+    full = lib().fn.lb_gemm_q_cublas_scratch_bytes(n, k, 128)
+    xb = (2 * n * k + 255) // 256 * 256
+    xd, sd, wd = Dev.of(x), Dev(full), Dev(full - xb)
+    outs = []
+    try:
+        for form in ("one call", "x16"):
+            yd = Dev.of(y0) if accumulate else Dev(4 * n * rows)
+            try:
+                if not accumulate:
+                    lib().call("lb_dev_memset", yd.ptr, 0xFF, yd.nbytes)
+                lib().call("lb_dev_memset", sd.ptr, 0xFF, sd.nbytes)
+                if form == "one call":
+                    lib().call("lb_gemm_q_cublas", ALL_QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, accumulate,
+                               sd.ptr, full, None)
+                else:
+                    lib().call("lb_f32_to_f16", xd.ptr, n * k, sd.ptr, None)
+                    lib().call("lb_dev_sync")
+                    x16 = sd.get(np.float16, n * k).reshape(n, k)
+                    assert np.array_equal(x16.view(np.uint16), x.astype(np.float16).view(np.uint16))
+                    lib().call("lb_dev_memset", wd.ptr, 0xFF, wd.nbytes)
+                    lib().call("lb_gemm_q_cublas_x16", ALL_QTYPES[qt], w.ptr, rows, k, sd.ptr, n, yd.ptr, accumulate,
+                               wd.ptr, full - xb, None)
+                outs.append(yd.get(np.float32, n * rows))
+            finally:
+                yd.close()
+    finally:
+        for d in (xd, sd, wd):
+            d.close()
+    assert np.isfinite(outs[1]).all(), f"{qt} n={n}: NaN outputs from the x16 form"
+    assert np.array_equal(outs[0], outs[1]), f"{qt} n={n} acc={accumulate}: the x16 form differs"
+
+
+def test_gemm_q_cublas_x16_checks_its_arguments():
+    k = 256 * 7
+    d = Dev(4 * 65 * k)
+    try:
+        assert lib().fn.lb_f32_to_f16(d.ptr, 12, d.ptr, None) == _lib.LB_ERR_INVALID_ARG  # not a multiple of 8
+        assert lib().fn.lb_f32_to_f16(d.ptr.value + 4, 16, d.ptr, None) == _lib.LB_ERR_INVALID_ARG  # misaligned
+        w, _ = case("Q4_K", 301, k)
+        st = lib().fn.lb_gemm_q_cublas_x16(QTYPES["Q4_K"], w.ptr, 301, k, d.ptr, 65, d.ptr, 0, d.ptr, 2 * k - 2, None)
+        assert st == _lib.LB_ERR_INVALID_ARG and "scratch" in lib().last_error()
+    finally:
+        d.close()
 
 
 def test_gemm_q_cublas_reports_a_small_scratch():

@@ -71,7 +71,8 @@ _GRAPH_API = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb
                         "lb_host_free", "lb_attn_prep_at", "lb_attn_decode_at", "lb_attn_tree_at", "lb_df_embed_q",
                         "lb_df_greedy_advance"})
 # what a FakeLib(blas=False) lacks: the cuBLAS prefill GEMM (a library whose lb::blas is ready offers all three)
-_BLAS_API = frozenset({"lb_blas_ready", "lb_gemm_q_cublas", "lb_gemm_q_cublas_scratch_bytes"})
+_BLAS_API = frozenset({"lb_blas_ready", "lb_gemm_q_cublas", "lb_gemm_q_cublas_scratch_bytes", "lb_f32_to_f16",
+                       "lb_gemm_q_cublas_x16"})
 # not recorded into a capture: graph control, events, host memory and size queries run at once
 _OUTSIDE_CAPTURE = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb_graph_destroy", "lb_event_create",
                               "lb_event_record", "lb_event_query", "lb_event_sync", "lb_event_destroy", "lb_host_alloc",
@@ -248,6 +249,18 @@ class FakeLib:
         assert n >= 1 and k % 256 == 0 and scratch_bytes >= self.lb_gemm_q_cublas_scratch_bytes(n, k, 1)
         assert int(scratch) in self._mem or any(b <= int(scratch) < b + a.size for b, a in self._mem.items())
         self._product(qtype, w, rows, k, x, n, y, acc)
+        ctypes.memset(int(scratch), 0xFF, int(scratch_bytes))
+
+    @staticmethod
+    def lb_f32_to_f16(x, count, out, stream):
+        assert count >= 8 and count % 8 == 0 and not int(x) % 16 and not int(out) % 16
+        view(out, np.float16, int(count))[:] = view(x, np.float32, int(count)).astype(np.float16)
+
+    def lb_gemm_q_cublas_x16(self, qtype, w, rows, k, x16, n, y, acc, scratch, scratch_bytes, stream):
+        """lb_gemm_q_cublas on an fp16 x (lb_f32_to_f16's); the scratch holds only weight chunks (overwritten)."""
+        assert n >= 1 and k % 256 == 0 and scratch_bytes >= 2 * k
+        x = view(x16, np.float16, n * k).astype(np.float32)
+        self._product(qtype, w, rows, k, x.ctypes.data, n, y, acc)
         ctypes.memset(int(scratch), 0xFF, int(scratch_bytes))
 
     def _product(self, qtype, w, rows, k, x, n, y, acc):

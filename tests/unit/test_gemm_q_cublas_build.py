@@ -145,7 +145,7 @@ def rel(a, b) -> float:
 @pytest.mark.parametrize("graphs", [False, True], ids=["calls", "graphs"])
 def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
     """prefill_rows 256 with cuBLAS "loaded": a 300-token prompt's 256-row pass runs every projection through
-    lb_gemm_q_cublas (one call per matrix, with the plan's scratch), its 44-row tail and the verify after it stay
+    lb_gemm_q_cublas / lb_gemm_q_cublas_x16 (one call per matrix, with the plan's scratch), its 44-row tail and the verify after it stay
     on small-N (never inside a capture), and logits match the CPU engine as the small-N path does."""
     monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
     cfg, weights = load_model_gguf(gguf)[:2]
@@ -162,10 +162,17 @@ def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
         log, lib.log = lib.log, None
         assert rel(lg, lc) < 5e-3 and rel(gpu.features, cpu.features) < 5e-3
         wide = [a for name, a in log if name == "lb_gemm_q_cublas"]
-        # attention layers: q, k, v, output; DeltaNet: qkv, gate, beta, alpha, out; every layer: gate, up, down
-        want = sum(4 if cfg.is_attention(i) else 5 for i in range(cfg.n_layers)) + 3 * cfg.n_layers
-        assert len(wide) == want and {a[5] for a in wide} == {256}
+        grouped = [a for name, a in log if name == "lb_gemm_q_cublas_x16"]
+        # one call per matrix: the residual outputs (the mixer's out projection, down) convert their own input and
+        # add onto x; the projections of one input (q, k, v / qkv, gate, beta, alpha / gate, up) share one fp16
+        # conversion of it and write their regions with beta = 0, so the norms before a wide pass clear nothing
+        assert len(wide) == 2 * cfg.n_layers and {a[5] for a in wide} == {256} and {a[7] for a in wide} == {1}
         assert all(a[9] == gpu._bufs.gemm_scratch_bytes for a in wide)
+        want = sum(3 if cfg.is_attention(i) else 4 for i in range(cfg.n_layers)) + 2 * cfg.n_layers
+        assert len(grouped) == want and {a[5] for a in grouped} == {256} and {a[7] for a in grouped} == {0}
+        assert len([1 for name, _ in log if name == "lb_f32_to_f16"]) == 2 * cfg.n_layers
+        norms = [a for name, a in log if name == "lb_df_rmsnorm" and a[3] == 256]
+        assert len(norms) == 2 * cfg.n_layers and all(tuple(a[6:10]) == (None, 0, None, 0) for a in norms)
         assert {a[5] for name, a in log if name == "lb_gemm_q_smalln"} == {44}
         tree = branched_tree(3, 23)
         lib.log = []
