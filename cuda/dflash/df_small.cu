@@ -6,6 +6,7 @@
 // successor at the top and waits for its predecessor before touching any activation, so the launch
 // gap between it and its neighbours overlaps the neighbours' drain. The norm weights are the only
 // inputs no kernel writes: the norm's vector path loads them before the wait.
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 #include "lb_arch.cuh"
@@ -37,8 +38,19 @@ struct ZeroRanges {
 // iterations per thread); other rows keep that loop.
 constexpr int NORM_VEC = 4;
 
+// The output element: fp32, or fp16 rounded to nearest (the `_f16` entry points: the input of a cuBLAS pass's
+// GEMMs written straight in the form they read, the same bits lb_f32_to_f16 would give).
+__device__ __forceinline__ void put(float* y, int i, float v) { y[i] = v; }
+__device__ __forceinline__ void put(__half* y, int i, float v) { y[i] = __float2half_rn(v); }
+__device__ __forceinline__ void put4(float* y, int i4, float4 v) { reinterpret_cast<float4*>(y)[i4] = v; }
+__device__ __forceinline__ void put4(__half* y, int i4, float4 v) {
+    const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+    reinterpret_cast<uint2*>(y)[i4] = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+
+template <typename T>
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                                               float* __restrict__ y, int n, float eps, int rows,
+                                                               T* __restrict__ y, int n, float eps, int rows,
                                                                ZeroRanges z, bool vec) {
     lb::pdl_trigger();
     if ((int)blockIdx.x >= rows) {
@@ -54,7 +66,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __re
     }
     __shared__ float red[NORM_THREADS / 32];
     const float* xr = x + (size_t)blockIdx.x * n;
-    float* yr = y + (size_t)blockIdx.x * n;
+    T* yr = y + (size_t)blockIdx.x * n;
     if (vec) {
         const int n4 = n / 4;
         const float4* x4 = reinterpret_cast<const float4*>(xr);
@@ -75,13 +87,12 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __re
 #pragma unroll
         for (int j = 0; j < NORM_VEC; ++j) ss += xv[j].x * xv[j].x + xv[j].y * xv[j].y + xv[j].z * xv[j].z + xv[j].w * xv[j].w;
         const float r = rsqrtf(lb::block_sum<NORM_THREADS>(ss, red) / n + eps);
-        float4* y4 = reinterpret_cast<float4*>(yr);
 #pragma unroll
         for (int j = 0; j < NORM_VEC; ++j) {
             const int i = threadIdx.x + j * NORM_THREADS;
             if (i < n4)
-                y4[i] = make_float4(xv[j].x * r * wv[j].x, xv[j].y * r * wv[j].y, xv[j].z * r * wv[j].z,
-                                    xv[j].w * r * wv[j].w);
+                put4(yr, i, make_float4(xv[j].x * r * wv[j].x, xv[j].y * r * wv[j].y, xv[j].z * r * wv[j].z,
+                                        xv[j].w * r * wv[j].w));
         }
         return;
     }
@@ -89,17 +100,18 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __re
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) ss += xr[i] * xr[i];
     const float r = rsqrtf(lb::block_sum<NORM_THREADS>(ss, red) / n + eps);
-    for (int i = threadIdx.x; i < n; i += NORM_THREADS) yr[i] = xr[i] * r * w[i];
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) put(yr, i, xr[i] * r * w[i]);
 }
 
 // y = SiLU(g) * u elementwise; the sigmoid in its tanh form, as the CPU engine computes it.
-__global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ y,
+template <typename T>
+__global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, T* __restrict__ y,
                               int64_t count) {
     lb::pdl_trigger();
     lb::pdl_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
         const float a = g[i];
-        y[i] = a * (0.5f * (1.0f + tanhf(0.5f * a))) * u[i];
+        put(y + i, 0, a * (0.5f * (1.0f + tanhf(0.5f * a))) * u[i]);
     }
 }
 
@@ -124,6 +136,8 @@ __global__ void kv_compact_kernel(uint16_t* __restrict__ cache, const int32_t* _
 
 namespace {
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // Checks one (pointer, bytes) zero range and fills its slot; returns false when it is malformed.
 bool zero_range(void* p, uint64_t nbytes, ZeroRanges& z, int r) {
     z.p[r] = static_cast<float4*>(p);
@@ -147,23 +161,46 @@ extern "C" LB_API int lb_df_rmsnorm(const void* x, const void* w, void* y, int t
     const uint64_t units = z.n4[0] + z.n4[1] + (z.tail[0] || z.tail[1] ? 1 : 0);
     const int64_t zb = units ? lb::ceil_div((int64_t)units, 4 * NORM_THREADS) : 0;
     const int zero_blocks = (int)(zb < 1024 ? zb : 1024);
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    const bool vec = n % 4 == 0 && n <= 4 * NORM_VEC * NORM_THREADS && aligned(x) && aligned(w) && aligned(y);
-    LB_CUDA_TRY(lb::launch_pdl(rmsnorm_kernel, dim3(t + zero_blocks), dim3(NORM_THREADS), 0,
+    const bool vec = n % 4 == 0 && n <= 4 * NORM_VEC * NORM_THREADS && aligned16(x) && aligned16(w) && aligned16(y);
+    LB_CUDA_TRY(lb::launch_pdl(rmsnorm_kernel<float>, dim3(t + zero_blocks), dim3(NORM_THREADS), 0,
                                static_cast<cudaStream_t>(stream), static_cast<const float*>(x),
                                static_cast<const float*>(w), static_cast<float*>(y), n, eps, t, z, vec));
+    return LB_OK;
+}
+
+extern "C" LB_API int lb_df_rmsnorm_f16(const void* x, const void* w, void* y16, int t, int n, float eps,
+                                        void* stream) {
+    LB_CHECK_ARG(x && w && y16, "null pointer");
+    LB_CHECK_ARG(t >= 1 && n >= 1, "need t >= 1 rows of n >= 1");
+    // the vector path stores 4 halves (8 bytes) per float4 of x: rows of n % 4 == 0 from an 8-byte aligned y16
+    const bool vec = n % 4 == 0 && n <= 4 * NORM_VEC * NORM_THREADS && aligned16(x) && aligned16(w) &&
+                     reinterpret_cast<uintptr_t>(y16) % 8 == 0;
+    LB_CUDA_TRY(lb::launch_pdl(rmsnorm_kernel<__half>, dim3(t), dim3(NORM_THREADS), 0, static_cast<cudaStream_t>(stream),
+                               static_cast<const float*>(x), static_cast<const float*>(w), static_cast<__half*>(y16), n,
+                               eps, t, ZeroRanges{}, vec));
+    return LB_OK;
+}
+
+template <typename T>
+int swiglu_launch(const void* g, const void* u, void* y, uint64_t count, void* stream) {
+    const int64_t blocks = lb::ceil_div((int64_t)count, 256);
+    const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);  // grid-stride beyond 1M elements
+    LB_CUDA_TRY(lb::launch_pdl(swiglu_kernel<T>, dim3(grid), dim3(256), 0, static_cast<cudaStream_t>(stream),
+                               static_cast<const float*>(g), static_cast<const float*>(u), static_cast<T*>(y),
+                               (int64_t)count));
     return LB_OK;
 }
 
 extern "C" LB_API int lb_df_swiglu(const void* g, const void* u, void* y, uint64_t count, void* stream) {
     LB_CHECK_ARG(g && u && y, "null pointer");
     LB_CHECK_ARG(count >= 1, "count is 0");
-    const int64_t blocks = lb::ceil_div((int64_t)count, 256);
-    const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);  // grid-stride beyond 1M elements
-    LB_CUDA_TRY(lb::launch_pdl(swiglu_kernel, dim3(grid), dim3(256), 0, static_cast<cudaStream_t>(stream),
-                               static_cast<const float*>(g), static_cast<const float*>(u), static_cast<float*>(y),
-                               (int64_t)count));
-    return LB_OK;
+    return swiglu_launch<float>(g, u, y, count, stream);
+}
+
+extern "C" LB_API int lb_df_swiglu_f16(const void* g, const void* u, void* y16, uint64_t count, void* stream) {
+    LB_CHECK_ARG(g && u && y16, "null pointer");
+    LB_CHECK_ARG(count >= 1, "count is 0");
+    return swiglu_launch<__half>(g, u, y16, count, stream);
 }
 
 extern "C" LB_API int lb_df_copy(void* dst, const void* src, uint64_t nbytes, void* stream) {

@@ -511,6 +511,10 @@ LB_API int lb_df_rmsnorm(const void* x, const void* w, void* y, int t, int n, fl
                          uint64_t zero0_bytes, void* zero1, uint64_t zero1_bytes, void* stream);
 /* y[i] = SiLU(g[i]) * u[i], i < count. */
 LB_API int lb_df_swiglu(const void* g, const void* u, void* y, uint64_t count, void* stream);
+/* lb_df_rmsnorm (no zero ranges) and lb_df_swiglu with fp16 outputs, rounded to nearest: the same bits as the fp32
+ * op followed by lb_f32_to_f16, for the GEMMs of a cuBLAS pass (lb_gemm_q_cublas_x16). */
+LB_API int lb_df_rmsnorm_f16(const void* x, const void* w, void* y16, int t, int n, float eps, void* stream);
+LB_API int lb_df_swiglu_f16(const void* g, const void* u, void* y16, uint64_t count, void* stream);
 /* Stream-ordered device-to-device copy of nbytes. */
 LB_API int lb_df_copy(void* dst, const void* src, uint64_t nbytes, void* stream);
 /* Commit of a verify's K or V rows: cache [heads, max_ctx, row] of 16-bit words, row n_past + j <-

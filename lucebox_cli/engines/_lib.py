@@ -231,6 +231,8 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_df_rmsnorm": (c_int, [ctypes.c_void_p] * 3 + [c_int, c_int, ctypes.c_float, ctypes.c_void_p, c_uint64,
                                                        ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     "lb_df_swiglu": (c_int, [ctypes.c_void_p] * 3 + [c_uint64, ctypes.c_void_p]),
+    "lb_df_swiglu_f16": (c_int, [ctypes.c_void_p] * 3 + [c_uint64, ctypes.c_void_p]),
+    "lb_df_rmsnorm_f16": (c_int, [ctypes.c_void_p] * 3 + [c_int, c_int, ctypes.c_float, ctypes.c_void_p]),
     "lb_df_copy": (c_int, [ctypes.c_void_p, ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     "lb_df_kv_compact": (c_int, [ctypes.c_void_p, ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),
     "lb_df_topk_scratch_bytes": (c_uint64, [c_int, c_int, c_int]),

@@ -301,18 +301,12 @@ class Layers:
         keep one launch each: their device layout puts the fp16 scales after each tensor's blocks. On the cuBLAS path
         (wide passes) each matrix is its own call: one GEMM per matrix, whose outputs are separate regions."""
         if self._cublas(t):
-            # x to fp16 once for all of them (lb_gemm_q_cublas's layout: the fp16 x first in the scratch, the weight
-            # chunks after it), and each output written with beta = 0: the norm before a cuBLAS pass clears nothing
-            # (clearing ~106 MB a layer at pp520 and reading it back as C cost ~3 ms of the 27B's prefill)
-            k = self.m[names[0]].k
-            assert all(self.m[n].k == k for n in names), "one input, one K"
-            xb = _align(2 * t * k, 256)
-            scratch, nbytes = self.b.gemm_scratch, self.b.gemm_scratch_bytes
-            self._call("lb_f32_to_f16", x, t * k, scratch, self.stream)
+            # every group reads the norm's output, which pass_norm wrote in fp16 to the scratch: each matrix runs on
+            # that copy and writes its region with beta = 0, so the norm cleared nothing (clearing ~106 MB a layer at
+            # pp520, reading it back as C and one fp32 -> fp16 conversion per matrix cost ~5 ms of the 27B's prefill)
+            assert x == self.b.h, "a cuBLAS pass's grouped projections read the norm's output"
             for name, y in zip(names, ys):
-                w = self.m[name]
-                self._call("lb_gemm_q_cublas_x16", w.qtype, w.ptr, w.rows, w.k, scratch, t, y, 0, scratch + xb,
-                           nbytes - xb, self.stream)
+                self._x16_gemm(name, y, t, 0)
             return
         groups: list[list[int]] = []
         for i, name in enumerate(names):
@@ -353,6 +347,24 @@ class Layers:
         same launch: the outputs of the projections that follow."""
         z = [a for ptr, nbytes in zero for a in (ptr, nbytes)] + [None, 0] * (2 - len(zero))
         self._call("lb_df_rmsnorm", x, self.v[weight], y, t, self.cfg.hidden, self.cfg.eps, *z, self.stream)
+
+    def pass_norm(self, weight: str, t: int, zero: tuple[tuple[int, int], ...]) -> None:
+        """The norm before a group of projections. On a cuBLAS pass it writes the group's input in fp16 where
+        lb_gemm_q_cublas_x16 reads it (the scratch's start: `x16`) and clears nothing, since those GEMMs write
+        with beta = 0 (matmuls); otherwise h in fp32, clearing the group's outputs."""
+        if self._cublas(t):
+            self._call("lb_df_rmsnorm_f16", self.b.x, self.v[weight], self.b.gemm_scratch, t, self.cfg.hidden,
+                       self.cfg.eps, self.stream)
+        else:
+            self.rmsnorm(self.b.x, weight, self.b.h, t, zero)
+
+    def _x16_gemm(self, name: str, y: int, t: int, accumulate: int) -> None:
+        """y (+)= W · x16 on the cuBLAS path: x16 (fp16 [t, K], at the scratch's start) written by the op before,
+        the weight chunks in the scratch after it (lb_gemm_q_cublas's own layout)."""
+        w = self.m[name]
+        xb = _align(2 * t * w.k, 256)
+        self._call("lb_gemm_q_cublas_x16", w.qtype, w.ptr, w.rows, w.k, self.b.gemm_scratch, t, y, accumulate,
+                   self.b.gemm_scratch + xb, self.b.gemm_scratch_bytes - xb, self.stream)
 
     # -- where each group's projections land (and what its norm clears) --
 
@@ -406,15 +418,13 @@ class Layers:
                 new_layer()
             pre = f"blk.{i}."
             regs, zero = self.attention_regions(p.t) if cfg.is_attention(i) else self.deltanet_regions(i, p)
-            # a cuBLAS pass writes its projections with beta = 0 (matmuls): nothing to clear first
-            wide = self._cublas(p.t)
-            self.rmsnorm(b.x, pre + "attn_norm.weight", b.h, p.t, () if wide else zero)
+            self.pass_norm(pre + "attn_norm.weight", p.t, zero)
             if cfg.is_attention(i):
                 self.attention(i, p, regs)
             else:
                 self.deltanet(i, p, regs)
             regs, zero = self.mlp_regions(p.t)
-            self.rmsnorm(b.x, pre + "post_attention_norm.weight", b.h, p.t, () if wide else zero)
+            self.pass_norm(pre + "post_attention_norm.weight", p.t, zero)
             self.mlp(i, p.t, regs)
             if i in taps and on_tap is not None:
                 on_tap(i)
@@ -424,6 +434,10 @@ class Layers:
         b, pre, ffn = self.b, f"blk.{i}.", self.cfg.ffn
         gate, up = regs
         self.matmuls((pre + "ffn_gate.weight", pre + "ffn_up.weight"), b.h, [gate, up], t)
+        if self._cublas(t):  # the down GEMM's input straight in fp16 (no fp32 act round trip, no conversion)
+            self._call("lb_df_swiglu_f16", gate, up, b.gemm_scratch, t * ffn, self.stream)
+            self._x16_gemm(pre + "ffn_down.weight", b.x, t, 1)
+            return
         self._call("lb_df_swiglu", gate, up, b.act, t * ffn, self.stream)
         self.matmul(pre + "ffn_down.weight", b.act, b.x, t)
 

@@ -293,7 +293,7 @@ def test_speculative_lossless(spec, rate):
 @pytest.mark.parametrize("gemm", ["own", "cublas"])
 def test_prefill_gemm_paths(gemm, tile, monkeypatch):
     """LUCEBOX_PREFILL_GEMM=own|cublas with 256-row passes: a 300-token prompt is one 256-row pass (on cuBLAS: every
-    projection one lb_gemm_q_cublas) and a 44-row one (small-N either way); logits, tap features, a verify + commit
+    projection one cuBLAS GEMM, on fp16 inputs the norms and SwiGLU write) and a 44-row one (small-N either way); logits, tap features, a verify + commit
     and the step after it match the CPU engine with every scratch NaN-poisoned. cublas is skipped where the library
     has no cuBLAS loaded."""
     from lucebox_cli.engines.cpu import CPUEngine

@@ -111,6 +111,45 @@ def test_rmsnorm_rows(t, n):
             lib().call("lb_dev_free", p)
 
 
+# the fp16 outputs of a cuBLAS pass's inputs: the vector path (n % 4 == 0, 8-byte stores of 4 halves) and the scalar
+# loop, rows at an 8-byte but not 16-byte aligned output
+@pytest.mark.parametrize("t,n,off", [(3, 1000, 0), (2, 5120, 8), (3, 257, 0), (2, 8196, 0)])
+def test_rmsnorm_and_swiglu_f16_are_the_fp32_ops_rounded(t, n, off):
+    """lb_df_rmsnorm_f16 / lb_df_swiglu_f16 give the bits of the fp32 op followed by round-to-nearest fp16 (what
+    lb_f32_to_f16 would make of it); every output written (NaN-poisoned first), nothing past the end."""
+    eps = 1e-6
+    rng = np.random.default_rng(n + off)
+    x = (3.0 * rng.standard_normal((t, n))).astype(np.float32)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    g = (2.0 * rng.standard_normal(t * n)).astype(np.float32)
+    guard = 8
+    bufs = [_dev(a) for a in (x.nbytes, w.nbytes, x.nbytes, 2 * x.size + off + 2 * guard, g.nbytes, g.nbytes)]
+    try:
+        for d, a in ((bufs[0], x), (bufs[1], w), (bufs[4], g), (bufs[5], x)):
+            lib().call("lb_dev_h2d", d, a.ctypes.data, a.nbytes)
+        y16 = bufs[3].value + off
+        for op in ("norm", "swiglu"):
+            lib().call("lb_dev_memset", bufs[2], 0xFF, x.nbytes)
+            lib().call("lb_dev_memset", bufs[3], 0xFF, 2 * x.size + off + 2 * guard)
+            if op == "norm":
+                lib().call("lb_df_rmsnorm", bufs[0], bufs[1], bufs[2], t, n, eps, None, 0, None, 0, None)
+                lib().call("lb_df_rmsnorm_f16", bufs[0], bufs[1], y16, t, n, eps, None)
+            else:
+                lib().call("lb_df_swiglu", bufs[4], bufs[5], bufs[2], t * n, None)
+                lib().call("lb_df_swiglu_f16", bufs[4], bufs[5], y16, t * n, None)
+            y = np.empty_like(x)
+            lib().call("lb_dev_d2h", y.ctypes.data, bufs[2], y.nbytes)
+            h = np.empty(x.size + guard, np.float16)
+            lib().call("lb_dev_d2h", h.ctypes.data, y16, h.nbytes)
+            assert np.isfinite(y).all() and np.isfinite(h[: x.size]).all(), f"{op}: unwritten outputs"
+            want = y.reshape(-1).astype(np.float16)
+            assert np.array_equal(h[: x.size].view(np.uint16), want.view(np.uint16)), f"{op}: not the rounded fp32 op"
+            assert (h[x.size:].view(np.uint16) == 0xFFFF).all(), f"{op}: wrote past the end"
+    finally:
+        for p in bufs:
+            lib().call("lb_dev_free", p)
+
+
 def test_rmsnorm_zero_ranges():
     from lucebox_cli.engines._lib import LB_ERR_INVALID_ARG
 

@@ -284,6 +284,14 @@ class FakeLib:
     def lb_df_swiglu(self, g, u, y, count, stream):
         view(y, np.float32, count)[:] = _silu(view(g, np.float32, count)) * view(u, np.float32, count)
 
+    def lb_df_rmsnorm_f16(self, x, w, y16, t, n, eps, stream):
+        xs = view(x, np.float32, t * n).reshape(t, n).copy()
+        view(y16, np.float16, t * n)[:] = _rms_norm(xs, view(w, np.float32, n), eps).reshape(-1).astype(np.float16)
+
+    def lb_df_swiglu_f16(self, g, u, y16, count, stream):
+        y = _silu(view(g, np.float32, count)) * view(u, np.float32, count)
+        view(y16, np.float16, count)[:] = y.astype(np.float32).astype(np.float16)
+
     def lb_df_copy(self, dst, src, n, stream):
         ctypes.memmove(int(dst), int(src), int(n))
 

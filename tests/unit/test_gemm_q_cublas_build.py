@@ -145,7 +145,7 @@ def rel(a, b) -> float:
 @pytest.mark.parametrize("graphs", [False, True], ids=["calls", "graphs"])
 def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
     """prefill_rows 256 with cuBLAS "loaded": a 300-token prompt's 256-row pass runs every projection through
-    lb_gemm_q_cublas / lb_gemm_q_cublas_x16 (one call per matrix, with the plan's scratch), its 44-row tail and the verify after it stay
+    lb_gemm_q_cublas / lb_gemm_q_cublas_x16 on fp16 inputs from the norm and SwiGLU (one call per matrix, with the plan's scratch), its 44-row tail and the verify after it stay
     on small-N (never inside a capture), and logits match the CPU engine as the small-N path does."""
     monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
     cfg, weights = load_model_gguf(gguf)[:2]
@@ -162,17 +162,21 @@ def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
         log, lib.log = lib.log, None
         assert rel(lg, lc) < 5e-3 and rel(gpu.features, cpu.features) < 5e-3
         wide = [a for name, a in log if name == "lb_gemm_q_cublas"]
-        grouped = [a for name, a in log if name == "lb_gemm_q_cublas_x16"]
-        # one call per matrix: the residual outputs (the mixer's out projection, down) convert their own input and
-        # add onto x; the projections of one input (q, k, v / qkv, gate, beta, alpha / gate, up) share one fp16
-        # conversion of it and write their regions with beta = 0, so the norms before a wide pass clear nothing
-        assert len(wide) == 2 * cfg.n_layers and {a[5] for a in wide} == {256} and {a[7] for a in wide} == {1}
+        x16 = [a for name, a in log if name == "lb_gemm_q_cublas_x16"]
+        # one call per matrix. The mixer's out projection converts its input itself and adds onto x; every other
+        # matrix reads an fp16 input written straight into the scratch by the op before it (the norm: q, k, v /
+        # qkv, gate, beta, alpha / gate, up, written with beta = 0, so that norm cleared nothing; SwiGLU: down,
+        # which adds onto x)
+        assert len(wide) == cfg.n_layers and {a[5] for a in wide} == {256} and {a[7] for a in wide} == {1}
         assert all(a[9] == gpu._bufs.gemm_scratch_bytes for a in wide)
-        want = sum(3 if cfg.is_attention(i) else 4 for i in range(cfg.n_layers)) + 2 * cfg.n_layers
-        assert len(grouped) == want and {a[5] for a in grouped} == {256} and {a[7] for a in grouped} == {0}
-        assert len([1 for name, _ in log if name == "lb_f32_to_f16"]) == 2 * cfg.n_layers
-        norms = [a for name, a in log if name == "lb_df_rmsnorm" and a[3] == 256]
-        assert len(norms) == 2 * cfg.n_layers and all(tuple(a[6:10]) == (None, 0, None, 0) for a in norms)
+        want = sum(3 if cfg.is_attention(i) else 4 for i in range(cfg.n_layers)) + 3 * cfg.n_layers
+        assert len(x16) == want and {a[5] for a in x16} == {256}
+        assert sorted(a[7] for a in x16) == [0] * (want - cfg.n_layers) + [1] * cfg.n_layers
+        assert all(a[4] == gpu._bufs.gemm_scratch for a in x16)
+        assert not any(name == "lb_f32_to_f16" for name, _ in log)
+        assert len([a for name, a in log if name == "lb_df_rmsnorm_f16" and a[3] == 256]) == 2 * cfg.n_layers
+        assert not [a for name, a in log if name == "lb_df_rmsnorm" and a[3] == 256]
+        assert len([a for name, a in log if name == "lb_df_swiglu_f16"]) == cfg.n_layers
         assert {a[5] for name, a in log if name == "lb_gemm_q_smalln"} == {44}
         tree = branched_tree(3, 23)
         lib.log = []
