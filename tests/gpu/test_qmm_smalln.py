@@ -226,6 +226,14 @@ def bench(out=print) -> None:
     _bench_table(out, [0, 1, 2, 3, 4, 5, 6, 7], SELECT, cases, "shipped / n = 1", lambda us, one: us[0] / one)
 
 
+def bench_tiled(out=print) -> None:
+    """The verify's n = 23 on the tiled layouts the engine uploads (Q4_K_T, Q6_K_T), every launch shape: the shipped
+    shapes were chosen on the GGUF order (small-N v1), before the tiles made a warp item's bytes contiguous."""
+    cases = [("Q4_K_T", name, r, k, 23) for name, r, k in BENCH_SHAPES]
+    cases += [("Q6_K_T", name, r, k, 23) for name, r, k in BENCH_SHAPES[1:3]]
+    _bench_table(out, [0, 1, 2, 3, 4, 5, 6, 7], SELECT, cases, "shipped / n = 1", lambda us, one: us[0] / one)
+
+
 WIDE_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]
 
 
@@ -252,6 +260,9 @@ def _main(argv: list[str]) -> int:
                 except AssertionError as exc:
                     failed += 1
                     print(f"FAIL {exc}", flush=True)
+    if "--bench-tiled" in argv:
+        bench_tiled()
+        return 0
     if "--bench" in argv or "--bench-only" in argv:
         bench_wide()  # first: the new rows matter most if the run is cut short
         bench()
