@@ -304,6 +304,9 @@ LB_API uint64_t lb_gdn_step_scratch_bytes(int t, int hk, int hv);
 LB_API int lb_gdn_decode_step(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
                               const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state,
                               void* state, void* y, void* scratch, int t, int hk, int hv, float eps, void* stream);
+/* 1 where lb_gdn_decode_step(t, hk, hv) runs one fused kernel on the current device (t == 1, Hv / Hk <= 8,
+ * sm_90 clusters, LUCEBOX_GDN_DECODE != "split"), 0 where it runs conv_prep + delta + out_norm. */
+LB_API int lb_gdn_decode_path(int t, int hk, int hv);
 /* Verify of one layer: conv_prep along parents into the caller's q, k, v, g, beta (keep them for
  * lb_gdn_commit), the tree delta into o (state and conv_state are only read), out_norm into y. */
 LB_API int lb_gdn_tree_verify(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
