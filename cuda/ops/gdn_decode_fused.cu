@@ -3,7 +3,8 @@
 // lb_gdn_decode_step, which ran them as three dependent kernels (3.5 + 4.3 + 1.6 µs a 27B layer on the
 // H200, ~1.6 µs of it state bytes; the rest latency, ramps and graph gaps).
 //
-// Math (the same formulas and fp32 as the three kernels, qwen35.md / cpu.py):
+// Math: the three kernels' formulas, fp32, AND their summation orders (so the outputs match the split
+// path bit for bit unless the compiler contracts an expression differently):
 //   x = SiLU(conv4(conv_state[0..2], pre) · conv_w);   q = x_q / |x_q| / sqrt(128),  k = x_k / |x_k|
 //   α = e^g, g = ssm_a · softplus(a + dt_bias);   β = sigmoid(b)
 //   u = β (v − α Sᵀk);  o = α Sᵀq + (k·q) u;  S ← α S + k uᵀ
@@ -15,31 +16,29 @@
 // registers exactly as delta_kernel's warps do (gdn.cuh). 27B: 16 clusters × 8 blocks × 6 warps = the
 // same 768 state warps as delta_kernel's 384 blocks × 2.
 //
-// Why a cluster per key head — it makes every cross-block dependency local to one cluster, so the
-// kernel needs no global tickets, no spinning and no persistent counters (nothing to zero, nothing a
-// poisoned or prefill-reused scratch can break, nothing two streams could share):
-//  - The conv state race. q / k channels of key head kh feed all r value heads; with delta_kernel's
-//    (slice, value head) grid 8r blocks would read those channels' old window while one of them
-//    advances it, and no order exists between blocks of a launch. Here each of the 256 q / k channels
-//    (and each v channel) is convolved by exactly ONE thread of the whole grid: block j takes q and k
-//    channels 16j .. 16j+15 and the v channels of its own 16 columns. That thread reads the channel's 3
-//    old taps into registers, then writes the advanced window [tap1, tap2, pre] — the only reader and
-//    the only writer of those 3 words, so read-before-write is program order within one thread. The
-//    other blocks never touch that conv state: they receive the SiLU outputs through distributed
-//    shared memory (DSMEM) after a cluster barrier.
-//  - The q / k L2 norms: each block publishes its 16 q and 16 k values and their two partial sums of
-//    squares in shared memory; after cluster.sync() every block reads the 256 values and the 8 + 8
-//    partials from its 7 peers and sums the partials in the same order (so all 8 blocks agree bit for
-//    bit). Reduction order differs from conv_prep's (4 warp sums of 32 squares there; 8 half-warp sums
-//    of 16 here): the norms can differ by an fp32 rounding, ~1e-7 relative.
-//  - The output norm needs mean(o²) over a head's 128 columns = the 8 blocks of the cluster: each block
-//    puts its r partial sums (16 columns each) in shared memory, cluster.sync(), every block sums the 8
-//    partials (ranks 0..7 in order) and writes y for its own columns. Order again differs from
-//    out_norm_kernel's (a warp butterfly over 4-column lane partials).
-//  - A last cluster.sync() keeps every block's shared memory alive until its peers' DSMEM reads are
-//    done (a block must not exit while another block of its cluster may still read its smem).
-// The conv over q / k is NOT computed redundantly (each channel once in the grid); only α, β and the
-// gathers are per block.
+// Why a cluster per key head: every cross-block dependency then stays inside one cluster, so the kernel
+// needs no global tickets, no spinning and no persistent counters (nothing to zero at allocation, nothing
+// a poisoned or prefill-reused scratch can break, nothing two streams could share).
+//
+// The conv state race, and its solution. The conv state [3, C] is advanced in place: channel c's window
+// becomes [tap1, tap2, pre]. The q / k channels of key head kh are READ by all 8 blocks of its cluster
+// (each block convolves all 256 q / k channels itself: 8 KB of loads and 256 dot products, cheaper than
+// a second cluster barrier plus a DSMEM gather), and no order exists between blocks of a launch, so a
+// block that advanced a window at once could make a peer read the new window instead of the old.
+// Hence: every block reads the old taps into registers; each q / k channel has ONE writer in the grid
+// (block j writes q and k channels 16j .. 16j+15, from the taps it already holds), and it writes only
+// after cluster barrier (A), which every block of the cluster reaches only after its own reads of the
+// taps completed (their values are consumed before the barrier; barrier.cluster.arrive releases, wait
+// acquires). Blocks of other clusters never read key head kh's channels. The v channels of a block's 16
+// columns are read by that block alone (one thread per channel), so that thread advances them at once:
+// read-before-write is program order within the thread.
+//
+// The output norm needs mean(o²) over a head's 128 columns = the 8 blocks of the cluster: each block
+// publishes its o columns in shared memory, barrier (A), then one warp per value head reads all 128
+// values through distributed shared memory (one float4 per lane, lane l <- columns 4l .. 4l+3, the
+// out_norm kernel's layout) and sums them in out_norm's order; the 4 lanes holding this block's columns
+// write y. Barrier (B) at the end keeps every block's shared memory alive until its peers' DSMEM reads
+// are done (a block must not exit while another block of its cluster may still read its smem).
 //
 // Not fused (lb_gdn_decode_step keeps the three-kernel path): t > 1, Hv / Hk > 8 (2r warps > 16), a device
 // or build without clusters (sm_86: the RTX 3090 profile), or LUCEBOX_GDN_DECODE=split (read once per
@@ -61,8 +60,10 @@
 namespace gdn {
 namespace {
 
-constexpr int FUSED_RMAX = 8;                           // value heads per key head the fused kernel takes
+constexpr int FUSED_RMAX = 8;                                  // value heads per key head the kernel takes
 constexpr int FUSED_MAX_THREADS = FUSED_RMAX * DELTA_THREADS;  // 2r warps of 32
+constexpr int QK_CHUNKS = 2 * D / 32;                          // q / k channels in warp-sized chunks: 4 q, 4 k
+constexpr int QK_PER_WARP = QK_CHUNKS / 2;                     // chunks a warp takes at most (2 warps, r = 1)
 
 __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     decode_fused_kernel(const float* __restrict__ pre, const float* __restrict__ a, const float* __restrict__ b,
@@ -74,46 +75,47 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
 
-    __shared__ __align__(16) float xs[2 * DVS];    // this block's SiLU outputs: q channels [0, 16), k [16, 32)
-    __shared__ float pss[2];                       // their partial sums of squares (q, k)
-    __shared__ __align__(16) float qk[2 * D];      // the gathered head: q [0, 128), k [128, 256), before the norm
-    __shared__ float nrm[2];                       // rsqrt(|x_q|² + 1e-6), rsqrt(|x_k|² + 1e-6)
+    __shared__ __align__(16) float qk[2 * D];            // SiLU outputs of the key head: q [0, 128), k [128, 256)
+    __shared__ float red[QK_CHUNKS];                     // Σ x² per 32-channel chunk (conv_prep's warp sums)
     __shared__ __align__(16) float vs[FUSED_RMAX][DVS];  // v of this block's 16 columns, per value head
-    __shared__ float ab[FUSED_RMAX][2];            // α, β per value head
-    __shared__ __align__(16) float os[FUSED_RMAX][DVS];  // o of this block's columns
-    __shared__ float oss[FUSED_RMAX];              // Σ o² over this block's 16 columns, per value head
+    __shared__ float ab[FUSED_RMAX][2];                  // α, β per value head
+    __shared__ __align__(16) float os[FUSED_RMAX][DVS];  // o of this block's columns (read by the peers)
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int r = hv / hk, nthreads = blockDim.x;  // blockDim.x == 64 r
+    const int r = hv / hk, nwarps = blockDim.x >> 5;  // blockDim.x == 64 r
     const int kh = blockIdx.y;
-    const int j = (int)cluster.block_rank();       // == blockIdx.x: cluster dims (8, 1, 1)
+    const int j = (int)cluster.block_rank();  // == blockIdx.x: cluster dims (8, 1, 1)
     const int c0 = j * DVS;
     const int C = (2 * hk + hv) * D;
 
-    // Conv role: threads [0, 16) q channels, [16, 32) k channels, [32, 32 + 16 r) v channels of value head
-    // (tid - 32) / 16; [32 + 16 r, 32 + 17 r) α / β of value head tid - 32 - 16 r. 64 r >= 32 + 17 r for r >= 1.
-    int ch = -1;
-    if (tid < DVS) ch = kh * D + c0 + tid;
-    else if (tid < 2 * DVS) ch = (hk + kh) * D + c0 + tid - DVS;
-    else if (tid < 2 * DVS + DVS * r) {
-        const int m = (tid - 2 * DVS) / DVS, e = (tid - 2 * DVS) % DVS;
-        ch = (2 * hk + kh + m * hk) * D + c0 + e;
-    }
-    const int ab_m = tid - 2 * DVS - DVS * r;  // α / β role when 0 <= ab_m < r
-    // Output role: threads [0, 16 r): value head m = tid / 16, column c0 + tid % 16.
-    const bool out_role = tid < DVS * r;
-    const int om = tid / DVS, oe = tid % DVS, op = kh + om * hk;
+    // Roles. q / k conv: chunk i (channels 32i .. 32i+31 of [q head kh | k head kh]) on warp i % nwarps,
+    // u = i / nwarps; lane = channel within the chunk. v conv: threads [0, 16 r), value head tid / 16,
+    // column c0 + tid % 16. α / β: threads [16 r, 17 r) (64 r >= 17 r). Output norm: warp m < r.
+    auto qk_channel = [&](int i) { return (i < 4 ? kh * D : (hk + kh) * D) + (i & 3) * 32 + lane; };
+    const bool v_role = tid < DVS * r;
+    const int vm = tid / DVS, ve = tid % DVS;
+    const int v_ch = (2 * hk + kh + vm * hk) * D + c0 + ve;
+    const int ab_m = tid - DVS * r;  // α / β role when 0 <= ab_m < r
+    const bool y_role = warp < r && (lane >> 2) == j;  // the 4 lanes holding this block's columns
+    const int yp = kh + warp * hk;
 
     lb::pdl_trigger();
     // weights: no wait
-    float4 w = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (ch >= 0) w = *reinterpret_cast<const float4*>(conv_w + (size_t)ch * KCONV);
+    float4 wq[QK_PER_WARP];
+#pragma unroll
+    for (int u = 0; u < QK_PER_WARP; ++u) {
+        const int i = warp + u * nwarps;
+        wq[u] = i < QK_CHUNKS ? *reinterpret_cast<const float4*>(conv_w + (size_t)qk_channel(i) * KCONV)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    const float4 wv = v_role ? *reinterpret_cast<const float4*>(conv_w + (size_t)v_ch * KCONV)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
     float sa = 0.f, db = 0.f;
     if (ab_m >= 0 && ab_m < r) sa = ssm_a[kh + ab_m * hk], db = dt_bias[kh + ab_m * hk];
-    const float nw = out_role ? norm_w[c0 + oe] : 0.f;
+    const float4 nw = y_role ? *reinterpret_cast<const float4*>(norm_w + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
     lb::pdl_wait();
 
-    // The state slice first: the longest latency, in flight while the conv runs and the cluster syncs.
+    // The state slice first: the longest latency, in flight while the conv runs.
     const int cq = lane & 1, rg = lane >> 1;
     const int sm_m = warp >> 1, p = kh + sm_m * hk;  // this warp's value head
     const int wc = (warp & 1) * DELTA_WCOLS + 4 * cq, col = c0 + wc;
@@ -125,62 +127,63 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
         const float4 x = *reinterpret_cast<const float4*>(st + (size_t)(r0 + mm) * D + col);
         S[mm][0] = x.x, S[mm][1] = x.y, S[mm][2] = x.z, S[mm][3] = x.w;
     }
-    const float zz = out_role ? z[(size_t)op * D + c0 + oe] : 0.f;  // z: ld Hv·128, t = 1
-
-    // The conv: this thread is its channel's only reader and only writer (see the header).
-    if (ch >= 0) {
-        const float x0 = conv_state[ch], x1 = conv_state[(size_t)C + ch], x2 = conv_state[(size_t)2 * C + ch];
-        const float x3 = pre[ch];
-        // conv_prep_kernel's expression and order: ((x0 w0 + x1 w1) + x2 w2) + x3 w3
-        const float s = siluf_(x0 * w.x + x1 * w.y + x2 * w.z + x3 * w.w);
-        conv_state[ch] = x1;
-        conv_state[(size_t)C + ch] = x2;
-        conv_state[(size_t)2 * C + ch] = x3;
-        if (tid < 2 * DVS) xs[tid] = s;
-        else vs[(tid - 2 * DVS) / DVS][(tid - 2 * DVS) % DVS] = s;
-        if (warp == 0) {
-            // warp 0 is exactly the q / k threads: half-warp sums (lanes 0-15 q, 16-31 k)
-            float ss = s * s;
-            ss += __shfl_xor_sync(LB_FULL_MASK, ss, 8);
-            ss += __shfl_xor_sync(LB_FULL_MASK, ss, 4);
-            ss += __shfl_xor_sync(LB_FULL_MASK, ss, 2);
-            ss += __shfl_xor_sync(LB_FULL_MASK, ss, 1);
-            if ((lane & 15) == 0) pss[lane >> 4] = ss;
+    // Old windows (taps 0..2 of the conv state, the new input) of this thread's q / k and v channels.
+    float xq[QK_PER_WARP][KCONV];
+#pragma unroll
+    for (int u = 0; u < QK_PER_WARP; ++u) {
+        const int i = warp + u * nwarps;
+        if (i < QK_CHUNKS) {
+            const int ch = qk_channel(i);
+#pragma unroll
+            for (int t = 0; t < KCONV - 1; ++t) xq[u][t] = conv_state[(size_t)t * C + ch];
+            xq[u][KCONV - 1] = pre[ch];
         }
-    } else if (ab_m >= 0 && ab_m < r) {
-        const int hp = kh + ab_m * hk;
-        // conv_prep stores g, delta_kernel takes expf(g): the same two roundings
-        const float g = sa * softplusf_(a[hp] + db);
-        ab[ab_m][0] = expf(g);
-        ab[ab_m][1] = sigmoidf_(b[hp]);
     }
-    cluster.sync();  // (1) xs, pss of every block of the cluster are written; also a block barrier
+    float xv[KCONV] = {0.f, 0.f, 0.f, 0.f};
+    if (v_role) {
+#pragma unroll
+        for (int t = 0; t < KCONV - 1; ++t) xv[t] = conv_state[(size_t)t * C + v_ch];
+        xv[KCONV - 1] = pre[v_ch];
+    }
+    float av = 0.f, bv = 0.f;
+    if (ab_m >= 0 && ab_m < r) av = a[kh + ab_m * hk], bv = b[kh + ab_m * hk];
+    const float4 zz = y_role ? *reinterpret_cast<const float4*>(z + (size_t)yp * D + 4 * lane)  // z: ld Hv·128
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
 
-    // Gather the key head's 256 SiLU outputs from the 8 blocks (DSMEM) and the norms' partials.
-    for (int i = tid; i < 2 * D; i += nthreads) {
-        const int which = i / D, e = i % D;  // q / k, channel within the head
-        const float* src = cluster.map_shared_rank(xs, e / DVS);
-        qk[i] = src[which * DVS + e % DVS];
+    // The conv, conv_prep_kernel's expression and order: ((x0 w0 + x1 w1) + x2 w2) + x3 w3
+#pragma unroll
+    for (int u = 0; u < QK_PER_WARP; ++u) {
+        const int i = warp + u * nwarps;
+        if (i < QK_CHUNKS) {  // uniform over the warp
+            const float s = siluf_(xq[u][0] * wq[u].x + xq[u][1] * wq[u].y + xq[u][2] * wq[u].z + xq[u][3] * wq[u].w);
+            qk[i * 32 + lane] = s;
+            const float ss = lb::warp_sum(s * s);
+            if (lane == 0) red[i] = ss;
+        }
     }
-    if (warp == 0) {
-        // lanes 0-7: q partials of ranks 0..7, lanes 8-15: k partials; a fixed butterfly, so every block
-        // of the cluster gets the same sums
-        float ss = 0.f;
-        if (lane < 16) ss = cluster.map_shared_rank(pss, lane & 7)[lane >> 3];
-        ss += __shfl_xor_sync(LB_FULL_MASK, ss, 1);
-        ss += __shfl_xor_sync(LB_FULL_MASK, ss, 2);
-        ss += __shfl_xor_sync(LB_FULL_MASK, ss, 4);
-        if (lane == 0 || lane == 8) nrm[lane >> 3] = rsqrtf(ss + 1e-6f);
+    if (v_role) {
+        vs[vm][ve] = siluf_(xv[0] * wv.x + xv[1] * wv.y + xv[2] * wv.z + xv[3] * wv.w);
+        // this thread is the channel's only reader and only writer: advance it now
+        conv_state[v_ch] = xv[1];
+        conv_state[(size_t)C + v_ch] = xv[2];
+        conv_state[(size_t)2 * C + v_ch] = xv[3];
+    }
+    if (ab_m >= 0 && ab_m < r) {
+        // conv_prep stores g, delta_kernel takes expf(g): the same two roundings
+        const float g = sa * softplusf_(av + db);
+        ab[ab_m][0] = expf(g);
+        ab[ab_m][1] = sigmoidf_(bv);
     }
     __syncthreads();
 
-    // The delta rule, one step (delta_kernel<true> with n = 1).
+    // The delta rule, one step (delta_kernel<true> with n = 1), q / k normalised as conv_prep does.
     {
-        const float qn = nrm[0], kn = nrm[1], scale = rsqrtf((float)D);
+        const float qn = rsqrtf(red[0] + red[1] + red[2] + red[3] + 1e-6f);
+        const float kn = rsqrtf(red[4] + red[5] + red[6] + red[7] + 1e-6f);
+        const float scale = rsqrtf((float)D);
         float kk[ROWS_PER_THREAD], qq[ROWS_PER_THREAD];
 #pragma unroll
         for (int mm = 0; mm < ROWS_PER_THREAD; ++mm) {
-            // conv_prep's q / k: vals · rsqrt(ss + 1e-6) · scale (scale 1 for k)
             qq[mm] = qk[r0 + mm] * qn * scale;
             kk[mm] = qk[D + r0 + mm] * kn * 1.0f;
         }
@@ -231,29 +234,37 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
                 make_float4(S[mm][0], S[mm][1], S[mm][2], S[mm][3]);
         }
     }
-    __syncthreads();  // os complete
+    cluster.sync();  // (A) every block's os is written, and every block has read its q / k taps
 
-    // The gated RMSNorm: partial Σ o² over this block's 16 columns per value head (half-warp sums: the
-    // 16 threads of head m are lanes 0-15 or 16-31 of one warp), then the 8 blocks' partials.
-    float ox = 0.f;
-    if (warp < (DVS * r + 31) / 32) {  // whole warps, so the shuffles see every lane
-        ox = out_role ? os[om][oe] : 0.f;
-        float ss = ox * ox;
-        ss += __shfl_xor_sync(LB_FULL_MASK, ss, 8);
-        ss += __shfl_xor_sync(LB_FULL_MASK, ss, 4);
-        ss += __shfl_xor_sync(LB_FULL_MASK, ss, 2);
-        ss += __shfl_xor_sync(LB_FULL_MASK, ss, 1);
-        if (out_role && oe == 0) oss[om] = ss;
-    }
-    cluster.sync();  // (2) every block's oss is written
-    if (out_role) {
-        float ss = 0.f;
+    // The q / k conv state: block j advances q and k channels 16j .. 16j+15 (chunks j / 2 and 4 + j / 2,
+    // lanes 16 (j & 1) ..), from the taps it holds; no block of the cluster reads them after (A).
 #pragma unroll
-        for (int rk = 0; rk < NSLICE; ++rk) ss += cluster.map_shared_rank(oss, rk)[om];
-        const float rr = rsqrtf(ss / D + eps);
-        y[(size_t)op * D + c0 + oe] = ox * rr * nw * siluf_(zz);
+    for (int u = 0; u < QK_PER_WARP; ++u) {
+        const int i = warp + u * nwarps;
+        if (i < QK_CHUNKS && (i & 3) == (j >> 1) && (lane >> 4) == (j & 1)) {
+            const int ch = qk_channel(i);
+            conv_state[ch] = xq[u][1];
+            conv_state[(size_t)C + ch] = xq[u][2];
+            conv_state[(size_t)2 * C + ch] = xq[u][3];
+        }
     }
-    cluster.sync();  // (3) no block leaves while a peer may still read its shared memory
+    // The gated RMSNorm, out_norm_kernel's layout and order: warp m reads head p's 128 o values from the 8
+    // blocks (lane l <- columns 4l .. 4l+3, block l / 4), sums their squares, and lanes 4j .. 4j+3 write y.
+    if (warp < r) {
+        const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(&os[warp][0], lane >> 2) +
+                                                          4 * (lane & 3));
+        const float ss = lb::warp_sum(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w);
+        const float rr = rsqrtf(ss / D + eps);
+        if (y_role) {
+            float4 out;
+            out.x = x.x * rr * nw.x * siluf_(zz.x);
+            out.y = x.y * rr * nw.y * siluf_(zz.y);
+            out.z = x.z * rr * nw.z * siluf_(zz.z);
+            out.w = x.w * rr * nw.w * siluf_(zz.w);
+            *reinterpret_cast<float4*>(y + (size_t)yp * D + 4 * lane) = out;
+        }
+    }
+    cluster.sync();  // (B) no block leaves while a peer may still read its shared memory
 #endif
 }
 

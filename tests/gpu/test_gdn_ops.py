@@ -376,7 +376,9 @@ def test_decode_drift_2000():
 FUSED_HEADS = [(16, 48), (2, 6), (4, 4)]
 FUSED_IDS = ["Hk16-Hv48", "Hk2-Hv6", "Hk4-Hv4"]
 FUSED_STEPS = 8
-SPLIT_TOL = 1e-5  # fused vs three kernels: only the q / k / o sums of squares are added in another order
+# fused vs three kernels: the same formulas and summation orders, so bit-identical unless nvcc contracts an
+# expression into FMAs differently in the two kernels; 1e-6 allows that and catches any real difference
+SPLIT_TOL = 1e-6
 
 
 def _fused_expected() -> int:
@@ -467,8 +469,8 @@ def test_decode_steps(hk, hv):
 @pytest.mark.parametrize("hk,hv", FUSED_HEADS, ids=FUSED_IDS)
 def test_decode_fused_vs_split(hk, hv, tmp_path):
     """The same 8 steps in a child process under LUCEBOX_GDN_DECODE=split (read once per process): the
-    child must take the three-kernel path, and the two paths must agree to fp32 summation order (conv
-    states bit for bit)."""
+    child must take the three-kernel path, and the two paths must agree to fp32 rounding (conv states bit for
+    bit)."""
     out = tmp_path / "split.npz"
     env = dict(os.environ, LUCEBOX_GDN_DECODE="split")
     r = subprocess.run([sys.executable, __file__, "--dump", str(out), str(hk), str(hv)], env=env,
