@@ -300,7 +300,8 @@ LB_API int lb_gdn_commit(const void* k, const void* v, const void* g, const void
 /* Scratch of lb_gdn_decode_step for t tokens. */
 LB_API uint64_t lb_gdn_step_scratch_bytes(int t, int hk, int hv);
 /* t tokens (1 for decode) of one layer through the recurrent form: conv_prep (advancing conv_state),
- * delta (advancing state), out_norm into y. pre has ld C, z has ld Hv*128. */
+ * delta (advancing state), out_norm into y. pre has ld C, z has ld Hv*128. At t == 1 on sm_90 one fused
+ * kernel does all three (scratch unused; LUCEBOX_GDN_DECODE=split keeps the three kernels). */
 LB_API int lb_gdn_decode_step(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
                               const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state,
                               void* state, void* y, void* scratch, int t, int hk, int hv, float eps, void* stream);
