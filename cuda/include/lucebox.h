@@ -307,10 +307,14 @@ LB_API int lb_gdn_commit(const void* k, const void* v, const void* g, const void
 /* Scratch of lb_gdn_decode_step for t tokens. */
 LB_API uint64_t lb_gdn_step_scratch_bytes(int t, int hk, int hv);
 /* t tokens (1 for decode) of one layer through the recurrent form: conv_prep (advancing conv_state),
- * delta (advancing state), out_norm into y. pre has ld C, z has ld Hv*128. */
+ * delta (advancing state), out_norm into y. pre has ld C, z has ld Hv*128. At t == 1 on sm_90 one fused
+ * kernel does all three (scratch unused; LUCEBOX_GDN_DECODE=split keeps the three kernels). */
 LB_API int lb_gdn_decode_step(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
                               const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state,
                               void* state, void* y, void* scratch, int t, int hk, int hv, float eps, void* stream);
+/* 1 where lb_gdn_decode_step(t, hk, hv) runs one fused kernel on the current device (t == 1, Hv / Hk <= 8,
+ * sm_90 clusters, LUCEBOX_GDN_DECODE != "split"), 0 where it runs conv_prep + delta + out_norm. */
+LB_API int lb_gdn_decode_path(int t, int hk, int hv);
 /* Verify of one layer: conv_prep along parents into the caller's q, k, v, g, beta (keep them for
  * lb_gdn_commit), the tree delta into o (state and conv_state are only read), out_norm into y. */
 LB_API int lb_gdn_tree_verify(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,

@@ -385,6 +385,14 @@ extern "C" LB_API int lb_gdn_decode_step(const void* pre, const void* a, const v
                  "null pointer");
     LB_CHECK_ARG(heads_ok(hk, hv) && t >= 1, "need t >= 1, 1 <= hk, hv a multiple of hk");
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    // t = 1: one kernel for the layer (gdn_decode_fused.cu; LUCEBOX_GDN_DECODE=split keeps the three below)
+    if (gdn::decode_fused_ok(t, hk, hv)) {
+        LB_CUDA_TRY((cudaError_t)gdn::decode_fused(F<float>(pre), F<float>(a), F<float>(b), F<float>(z),
+                                                   F<float>(conv_w), F<float>(ssm_a), F<float>(dt_bias),
+                                                   F<float>(norm_w), F<float>(conv_state), F<float>(state),
+                                                   F<float>(y), hk, hv, eps, s));
+        return LB_OK;
+    }
     const int D = gdn::D, C = (2 * hk + hv) * D;
     float* q = static_cast<float*>(scratch);
     float* kk = q + (size_t)t * hk * D;

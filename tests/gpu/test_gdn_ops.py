@@ -6,12 +6,18 @@ and conv states too. Trees are random with branches (10-23 slots); the commit is
 CPU's per-slot state of the accepted node. A 2,000-step decode checks that the GPU state drifts from a
 float64 reference no more than the CPU's own fp32 does.
 
+The fused one-kernel decode step (gdn_decode_fused.cu, lb_gdn_decode_step's default at t = 1 on sm_90) is
+checked over consecutive steps against the chained CPU math, against the three-kernel path
+(LUCEBOX_GDN_DECODE=split in a child process) and under CUDA-graph replays.
+
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_gdn_ops.py`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -365,5 +371,161 @@ def test_decode_drift_2000():
     assert_close(y_last, y64, TOL, "y after 2000 steps")
 
 
+# ---- the fused decode step (gdn_decode_fused.cu) ----
+
+FUSED_HEADS = [(16, 48), (2, 6), (4, 4)]
+FUSED_IDS = ["Hk16-Hv48", "Hk2-Hv6", "Hk4-Hv4"]
+FUSED_STEPS = 8
+# fused vs three kernels: the same formulas and summation orders, so bit-identical unless nvcc contracts an
+# expression into FMAs differently in the two kernels; 1e-6 allows that and catches any real difference
+SPLIT_TOL = 1e-6
+
+
+def _fused_expected() -> int:
+    """What lb_gdn_decode_path(1, hk, hv <= 8 hk) must say here: 1 on an sm_90+ GPU unless the knob says split."""
+    from lucebox_cli.engines import _lib
+
+    if os.environ.get("LUCEBOX_GDN_DECODE") == "split":
+        return 0
+    return int(_lib.probe_gpus().gpus[0]["cc_major"] >= 9)
+
+
+def _fused_case(hk: int, hv: int, steps: int, seed: int, repeat: bool = False):
+    w, x = weights(hk, hv, seed), layer_inputs(steps, hk, hv, seed + 1)
+    if repeat:  # one token's inputs every step (a replayed graph reads the same buffers)
+        x = {k: (np.repeat(v[:1], steps, axis=0) if k != "conv" else v) for k, v in x.items()}
+    return w, x, delta_inputs(1, hk, hv, seed + 2)[5]
+
+
+def _chained_ref(w, x, state0, hk, hv, steps):
+    """cpu.py's step, token after token: y [steps, 1, Hv·128], states and conv states after each step."""
+    conv, s = x["conv"].copy(), state0.copy()
+    ys, states, convs = [], [], []
+    for i in range(steps):
+        xi = {k: x[k][i : i + 1] for k in ("pre", "a", "b", "z")}
+        q, k, v, g, bt, conv = prep_ref({**xi, "conv": conv}, w, hk, hv)
+        o, s = gated_delta_recurrent(q, k, v, g, bt, s)
+        ys.append(out_ref(o, xi["z"], w["norm_w"], hv))
+        states.append(s)
+        convs.append(conv)
+    return np.stack(ys), np.stack(states), np.stack(convs)
+
+
+def _decode_run(hk: int, hv: int, steps: int, seed: int) -> dict:
+    """`steps` consecutive lb_gdn_decode_step calls on one layer (t = 1; y and scratch NaN-poisoned before
+    every call): y, state and conv state after each step, and the path the library chose."""
+    from gdn_attn_dev import lib
+
+    w, x, state0 = _fused_case(hk, hv, steps, seed)
+    c = (2 * hk + hv) * D
+    ys, states, convs = [], [], []
+    with Pool() as p:
+        wd = _wdev(p, w)
+        pre, a, b, z = p.of(x["pre"]), p.of(x["a"]), p.of(x["b"]), p.of(x["z"])
+        conv, st = p.of(x["conv"]), p.of(state0)
+        nbytes = lib().fn.lb_gdn_step_scratch_bytes(1, hk, hv)
+        for i in range(steps):
+            y, scratch = p.nan(hv * D * 4), p.nan(nbytes)
+            call("lb_gdn_decode_step", pre.at(i * c * 4), a.at(i * hv * 4), b.at(i * hv * 4), z.at(i * hv * D * 4),
+                 wd["conv_w"].ptr, wd["ssm_a"].ptr, wd["dt_bias"].ptr, wd["norm_w"].ptr, conv.ptr, st.ptr, y.ptr,
+                 scratch.ptr, 1, hk, hv, ctypes.c_float(EPS), None)
+            ys.append(y.get(f32, (1, hv * D)))
+            states.append(st.get(f32, state0.shape))
+            convs.append(conv.get(f32, (3, c)))
+    return {"y": np.stack(ys), "state": np.stack(states), "conv": np.stack(convs),
+            "path": np.int32(lib().fn.lb_gdn_decode_path(1, hk, hv))}
+
+
+def _fused_seed(hk: int, hv: int) -> int:
+    return 80 + hk + hv
+
+
+def test_decode_path():
+    """The knob and the fallbacks: fused at t = 1 on sm_90 (unless LUCEBOX_GDN_DECODE=split), never for t > 1
+    or Hv / Hk > 8."""
+    from gdn_attn_dev import lib
+
+    fn, want = lib().fn, _fused_expected()
+    assert [fn.lb_gdn_decode_path(1, hk, hv) for hk, hv in FUSED_HEADS] == [want] * len(FUSED_HEADS)
+    assert fn.lb_gdn_decode_path(1, 1, 8) == want
+    assert fn.lb_gdn_decode_path(3, 16, 48) == 0 and fn.lb_gdn_decode_path(2, 2, 6) == 0
+    assert fn.lb_gdn_decode_path(1, 1, 9) == 0 and fn.lb_gdn_decode_path(1, 2, 32) == 0
+
+
+@pytest.mark.parametrize("hk,hv", FUSED_HEADS, ids=FUSED_IDS)
+def test_decode_steps(hk, hv):
+    """8 consecutive decode steps (state and conv state carried on the device) against cpu.py's math, after
+    every step: y (NaN-poisoned before), the recurrent state, the conv state (exact: a copy of inputs)."""
+    got = _decode_run(hk, hv, FUSED_STEPS, _fused_seed(hk, hv))
+    assert int(got["path"]) == _fused_expected()
+    w, x, state0 = _fused_case(hk, hv, FUSED_STEPS, _fused_seed(hk, hv))
+    y_ref, s_ref, c_ref = _chained_ref(w, x, state0, hk, hv, FUSED_STEPS)
+    for i in range(FUSED_STEPS):
+        assert_close(got["y"][i], y_ref[i], TOL, f"y, step {i}")
+        assert_close(got["state"][i], s_ref[i], TOL, f"state, step {i}")
+        assert np.array_equal(got["conv"][i], c_ref[i]), f"conv state, step {i}"
+
+
+@pytest.mark.parametrize("hk,hv", FUSED_HEADS, ids=FUSED_IDS)
+def test_decode_fused_vs_split(hk, hv, tmp_path):
+    """The same 8 steps in a child process under LUCEBOX_GDN_DECODE=split (read once per process): the
+    child must take the three-kernel path, and the two paths must agree to fp32 rounding (conv states bit for
+    bit)."""
+    out = tmp_path / "split.npz"
+    env = dict(os.environ, LUCEBOX_GDN_DECODE="split")
+    r = subprocess.run([sys.executable, __file__, "--dump", str(out), str(hk), str(hv)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    split = dict(np.load(out))
+    assert int(split["path"]) == 0, "LUCEBOX_GDN_DECODE=split did not select the three-kernel path"
+    fused = _decode_run(hk, hv, FUSED_STEPS, _fused_seed(hk, hv))
+    assert int(fused["path"]) == _fused_expected()
+    for i in range(FUSED_STEPS):
+        assert_close(fused["y"][i], split["y"][i], SPLIT_TOL, f"fused vs split y, step {i}")
+        assert_close(fused["state"][i], split["state"][i], SPLIT_TOL, f"fused vs split state, step {i}")
+        assert np.array_equal(fused["conv"][i], split["conv"][i]), f"fused vs split conv state, step {i}"
+
+
+@pytest.mark.parametrize("hk,hv", [(16, 48), (2, 6)], ids=["Hk16-Hv48", "Hk2-Hv6"])
+def test_decode_graph_replays(hk, hv):
+    """One decode step captured in a CUDA graph (as the engine does) and replayed 6 times on the same input
+    buffers: each replay advances state and conv state once more; y poisoned between replays."""
+    from gdn_attn_dev import lib
+
+    L, steps = lib(), 6
+    w, x, state0 = _fused_case(hk, hv, steps, _fused_seed(hk, hv) + 7, repeat=True)
+    y_ref, s_ref, c_ref = _chained_ref(w, x, state0, hk, hv, steps)
+    c = (2 * hk + hv) * D
+    s, exe = ctypes.c_void_p(), ctypes.c_void_p()
+    L.call("lb_stream_create", ctypes.byref(s))
+    try:
+        with Pool() as p:
+            wd = _wdev(p, w)
+            conv, st, y = p.of(x["conv"]), p.of(state0), p.nan(hv * D * 4)
+            scratch = p.nan(L.fn.lb_gdn_step_scratch_bytes(1, hk, hv))
+            args = (p.of(x["pre"][:1]).ptr, p.of(x["a"][:1]).ptr, p.of(x["b"][:1]).ptr, p.of(x["z"][:1]).ptr,
+                    wd["conv_w"].ptr, wd["ssm_a"].ptr, wd["dt_bias"].ptr, wd["norm_w"].ptr, conv.ptr, st.ptr, y.ptr,
+                    scratch.ptr, 1, hk, hv, ctypes.c_float(EPS))
+            L.call("lb_graph_begin", s)
+            L.call("lb_gdn_decode_step", *args, s)
+            L.call("lb_graph_end", s, ctypes.byref(exe))
+            try:
+                for i in range(steps):
+                    L.call("lb_dev_memset", y.ptr, 0xFF, y.nbytes)
+                    L.call("lb_graph_launch", exe, s)
+                    L.call("lb_dev_sync")
+                    assert_close(y.get(f32, (1, hv * D)), y_ref[i], TOL, f"y, replay {i}")
+                    assert_close(st.get(f32, state0.shape), s_ref[i], TOL, f"state, replay {i}")
+                    assert np.array_equal(conv.get(f32, (3, c)), c_ref[i]), f"conv state, replay {i}"
+            finally:
+                L.call("lb_graph_destroy", exe)
+    finally:
+        L.call("lb_stream_destroy", s)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--dump":  # test_decode_fused_vs_split's child
+        hk_, hv_ = int(sys.argv[3]), int(sys.argv[4])
+        np.savez(sys.argv[2], **_decode_run(hk_, hv_, FUSED_STEPS, _fused_seed(hk_, hv_)))
+        sys.exit(0)
     sys.exit(pytest.main([__file__, "-q", "-p", "no:cacheprovider"] + sys.argv[1:]))
