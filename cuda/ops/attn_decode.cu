@@ -233,7 +233,8 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P, const int
     }
 }
 
-// x -> (hi, lo) in the cache type (tensor-core operands; SPLIT_OUT: the 0.8B's o_proj input), hi + lo = x to ~16 (bf16) / ~22 (f16) bits.
+// x -> (hi, lo) in the cache type, hi + lo = x to ~16 (bf16) / ~22 (f16) bits: the tensor cores' Q and P
+// operands, and (bf16) the SPLIT_OUT output, the 0.8B's o_proj input.
 template <int KVT>
 __device__ __forceinline__ void split(float x, uint16_t& hi, uint16_t& lo) {
     hi = f2kv<KVT>(x);
