@@ -482,11 +482,13 @@ def test_prefill_refuses_overflow_and_bad_tokens():
 
 
 def test_engine_reports_its_prefill_gemm():
-    """The engine's info (every bench row's engine_info) names the GEMM path its prefill runs."""
+    """The engine's info (every bench row's engine_info) names the GEMM path its prefill runs, and its
+    attention path."""
     cfg, w = model4()
     own = mkmod.MegakernelEngine(cfg, w, max_context=64, prefill_gemm="own")
     try:
         assert own.info["prefill_gemm"] == "own" and own.info["cublas"] is None
+        assert own.info["prefill_attn"] == want_attn()
     finally:
         own.close()
     auto = mkmod.MegakernelEngine(cfg, w, max_context=64)
