@@ -59,7 +59,7 @@ timeout 150 python3 -c 'import sys; from lucebox_cli.cli.app import main; main(s
 echo "bench rc=$?" | tee -a "$S"
 python3 -c 'import json,sys; from lucebox_cli.bench.report import render; print(render(json.load(open(sys.argv[1])), "md"))' \
   "$OUT/bench.json" > "$OUT/bench.md" 2>> "$OUT/setup.log" && cat "$OUT/bench.md" | tee -a "$S"
-gemm_line='import json,sys; i=(json.load(open(sys.argv[1])) or [{}])[0].get("engine_info") or {}; print("prefill gemm:", i.get("prefill_gemm"), "| cublas:", i.get("cublas"), "|", i.get("prefill_gemm_note") or "")'
+gemm_line='import json,sys; i=(json.load(open(sys.argv[1])) or [{}])[0].get("engine_info") or {}; print("prefill gemm:", i.get("prefill_gemm"), "| attn:", i.get("prefill_attn"), "| cublas:", i.get("cublas"), "|", i.get("prefill_gemm_note") or "")'
 python3 -c "$gemm_line" "$OUT/bench.json" 2>> "$OUT/setup.log" | tee -a "$S"
 for ab in ${AB_ENV_SPEED:-}; do  # pp only, once per assignment (e.g. LUCEBOX_DN_SCAN=split2), commas set several
   echo "== bench speed pp${PP:-520}, $ab" | tee -a "$S"

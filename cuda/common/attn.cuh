@@ -54,6 +54,8 @@ struct Params {
     const float* gate;    // gate of query t, head h, dim d at gate[t*gate_ld + h*gate_hs + d]
     int gate_ld, gate_hs;
     float* out;           // [Tq, nh*256] = softmax(q·Kᵀ/16)·V ⊙ sigmoid(gate) (written when n_splits == 1)
+    uint16_t* out_split;  // or nullptr; else instead of out: [2][Tq, nh*256] bf16 hi, lo = bf16(x - hi)
+                          // (the 0.8B prefill's o_proj input; causal, bf16 cache, tensor cores only)
     float* part_acc;      // [n_splits, Tq, nh, 256] unnormalised partial outputs (n_splits > 1)
     float* part_ml;       // [n_splits, Tq, nh, 2] running max and sum of each partial
     const uint64_t* mask; // [Tq] tree ancestor masks, or nullptr (causal)

@@ -132,6 +132,13 @@ LB_API int lb_deltanet_chunked(const void* q, const void* k, const void* v, cons
 LB_API int lb_attn_prefill(const void* qf, const void* k_cache, const void* v_cache, const void* gate, int gate_ld,
                            int gate_hs, void* out, int t, int pos0, int n_heads, int n_kv_heads, int max_ctx,
                            void* stream);
+/* The same contract on the tensor cores (lb_attn_causal's kernel, split-precision Q and P: ~4e-6 relative
+ * RMS from the fp32 math), any group n_heads / n_kv_heads <= 8, writing the split pair itself; what
+ * lb_mk_prefill runs unless LUCEBOX_ATTN_PREFILL=fp32. Splits along the keys as lb_attn_causal
+ * (partials: lb_attn_partials_bytes(t, n_heads, max_splits) bytes, or NULL). */
+LB_API int lb_attn_prefill_tc(const void* qf, const void* k_cache, const void* v_cache, const void* gate, int gate_ld,
+                              int gate_hs, void* out, void* partials, int max_splits, int t, int pos0, int n_heads,
+                              int n_kv_heads, int max_ctx, void* stream);
 
 /* ---- Quantized matrix ops (cuda/ops/gemv_q.cu, gemm_q_smalln.cu, quant_repack.cu) ------------
  * qtype is the ggml type id: 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K. W [n_rows, k] is in the DEVICE layout
@@ -484,7 +491,7 @@ LB_API int lb_mk_read(void* handle, int what, int layer, void* host, uint64_t nb
 /* ---- Tensor-core prefill (cuda/prefill/prefill_08b.cu) over a megakernel handle ----------------
  * A prefill context borrows a megakernel handle (free the context first) and owns scratch for
  * max_chunk tokens (0: 2048); longer prompts run in segments of max_chunk. lb_mk_prefill appends n
- * tokens at the handle's position with tensor-core GEMMs, the chunked DeltaNet and flash attention,
+ * tokens at the handle's position with tensor-core GEMMs, the chunked DeltaNet and tensor-core attention,
  * writing the K/V cache, conv ring and recurrent state exactly as lb_mk_decode reads them, the
  * pending token (the last position's argmax, fed by the next lb_mk_decode with n_forced = 0) and the
  * LB_MK_READ_LOGITS / LB_MK_READ_HIDDEN buffers. logits (host [vocab]) and argmax_out may be NULL.
@@ -498,6 +505,9 @@ LB_API int lb_mk_prefill_create(void* mk_handle, int max_chunk, void** prefill);
 LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, int gemm, void** prefill);
 /* The GEMM path of a context: LB_PREFILL_GEMM_OWN or LB_PREFILL_GEMM_CUBLAS (-1 for NULL). A pure query. */
 LB_API int lb_mk_prefill_gemm(void* prefill);
+/* The attention of a context, fixed at creation: 1 tensor cores (lb_attn_prefill_tc), 0 fp32 (lb_attn_prefill,
+ * under LUCEBOX_ATTN_PREFILL=fp32), -1 for NULL. A pure query. */
+LB_API int lb_mk_prefill_attn(void* prefill);
 LB_API int lb_mk_prefill_free(void* prefill);
 LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n, float* logits, int32_t* argmax_out);
 

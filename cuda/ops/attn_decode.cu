@@ -4,7 +4,10 @@
 // Decode runs attn_kernel below (fp32 CUDA cores); tree verify and causal prefill (T > 1 queries) run
 // tc::tree_kernel (tensor cores, split-precision Q and P; see its comment), the prefill in its causal
 // form. LUCEBOX_ATTN_PREFILL=fp32 (read once per process, in attn::run) puts causal prefill back on
-// attn_kernel; unset or "tc": tensor cores.
+// attn_kernel; unset or "tc": tensor cores. The 0.8B prefill (pf::attn_tc) runs the same causal kernel
+// but feeds an o_proj GEMM that takes split bf16 (hi, lo) inputs: Params::out_split makes the epilogue
+// (and the split combine) write that pair directly, a template flag so the 27B's instantiations compile
+// to the same code, and the 0.8B saves an fp32 round trip and a conversion kernel per layer.
 //
 // A block takes R query rows = up to R / group tokens x the `group` query heads of one kv head, so each
 // K/V tile it loads serves every query head of that kv head (GQA). fp32 on CUDA cores with fp32 queries
@@ -230,9 +233,30 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P, const int
     }
 }
 
+// x -> (hi, lo) in the cache type, hi + lo = x to ~16 (bf16) / ~22 (f16) bits: the tensor cores' Q and P
+// operands, and (bf16) the SPLIT_OUT output, the 0.8B's o_proj input.
+template <int KVT>
+__device__ __forceinline__ void split(float x, uint16_t& hi, uint16_t& lo) {
+    hi = f2kv<KVT>(x);
+    const float h = KVT == KV_BF16 ? __uint_as_float((uint32_t)hi << 16) : __half2float(__ushort_as_half(hi));
+    lo = f2kv<KVT>(x - h);
+}
+
+// Two floats (lower column first) -> packed hi and lo words.
+template <int KVT>
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+    uint16_t h0, l0, h1, l1;
+    split<KVT>(x0, h0, l0);
+    split<KVT>(x1, h1, l1);
+    hi = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    lo = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
+
 // One block per (query, head), one thread per dim: merge the splits' partial softmaxes, apply the gate.
 // The loops are unrolled so a thread has 8 splits' loads in flight at once: a decode step merges 64
 // splits, and a loop that waits on each L2 load in turn cost more than the attention itself.
+// SPLIT_OUT: out_split's bf16 (hi, lo) pair instead of fp32 out (Params).
+template <bool SPLIT_OUT>
 __global__ void __launch_bounds__(HD) combine_kernel(const Params P) {
     lb::pdl_trigger();
     lb::pdl_wait();
@@ -253,7 +277,15 @@ __global__ void __launch_bounds__(HD) combine_kernel(const Params P) {
         o = fmaf(a, w, o);
     }
     const float gt = P.gate[(size_t)t * P.gate_ld + (size_t)h * P.gate_hs + d];
-    P.out[(size_t)th * HD + d] = L > 0.0f ? o / L * sigmoidf_(gt) : 0.0f;
+    const float x = L > 0.0f ? o / L * sigmoidf_(gt) : 0.0f;
+    if constexpr (SPLIT_OUT) {
+        uint16_t hi, lo;
+        split<KV_BF16>(x, hi, lo);
+        P.out_split[(size_t)th * HD + d] = hi;
+        P.out_split[(stride + th) * HD + d] = lo;
+    } else {
+        P.out[(size_t)th * HD + d] = x;
+    }
 }
 
 // ---- Tree verify on tensor cores ----------------------------------------------------------------
@@ -305,24 +337,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
     }
 }
 
-// x -> (hi, lo) in the cache type, hi + lo = x to ~16 (bf16) / ~22 (f16) bits.
-template <int KVT>
-__device__ __forceinline__ void split(float x, uint16_t& hi, uint16_t& lo) {
-    hi = f2kv<KVT>(x);
-    const float h = KVT == KV_BF16 ? __uint_as_float((uint32_t)hi << 16) : __half2float(__ushort_as_half(hi));
-    lo = f2kv<KVT>(x - h);
-}
-
-// Two floats (lower column first) -> packed hi and lo words.
-template <int KVT>
-__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-    uint16_t h0, l0, h1, l1;
-    split<KVT>(x0, h0, l0);
-    split<KVT>(x1, h1, l1);
-    hi = (uint32_t)h0 | ((uint32_t)h1 << 16);
-    lo = (uint32_t)l0 | ((uint32_t)l1 << 16);
-}
-
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
@@ -354,7 +368,7 @@ __device__ __forceinline__ uint32_t causal_bits(int lim, bool on, int kb, int kb
     return n <= 0 ? 0u : n >= 32 ? 0xffffffffu : ((1u << n) - 1u);
 }
 
-template <int KVT, bool CAUSAL>
+template <int KVT, bool CAUSAL, bool SPLIT_OUT = false>
 __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const int32_t* __restrict__ pos_dev, int wave) {
     extern __shared__ __align__(16) uint16_t hs[];
     uint16_t* Qh = hs;             // [MR][LD] hi halves of q / 16
@@ -557,12 +571,27 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const 
         if (P.n_splits == 1) {
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;
             const float* gt = P.gate + (size_t)t * P.gate_ld + (size_t)h * P.gate_hs;
-            float* dst = P.out + ((size_t)t * P.nh + h) * HD;
+            if constexpr (SPLIT_OUT) {
+                // the 0.8B prefill's o_proj input: hi at row t, lo Tq rows further (as pf::attn_flash writes it)
+                uint16_t* dhi = P.out_split + ((size_t)t * P.nh + h) * HD;
+                uint16_t* dlo = dhi + (size_t)P.Tq * P.nh * HD;
 #pragma unroll
-            for (int i = 0; i < HH / 8; ++i) {
-                const int d = hh * HH + i * 8 + 2 * qd;
-                *reinterpret_cast<float2*>(dst + d) = make_float2(O[i][2 * half] * inv * sigmoidf_(gt[d]),
-                                                                  O[i][2 * half + 1] * inv * sigmoidf_(gt[d + 1]));
+                for (int i = 0; i < HH / 8; ++i) {
+                    const int d = hh * HH + i * 8 + 2 * qd;
+                    uint32_t whi, wlo;
+                    split2<KV_BF16>(O[i][2 * half] * inv * sigmoidf_(gt[d]),
+                                    O[i][2 * half + 1] * inv * sigmoidf_(gt[d + 1]), whi, wlo);
+                    *reinterpret_cast<uint32_t*>(dhi + d) = whi;
+                    *reinterpret_cast<uint32_t*>(dlo + d) = wlo;
+                }
+            } else {
+                float* dst = P.out + ((size_t)t * P.nh + h) * HD;
+#pragma unroll
+                for (int i = 0; i < HH / 8; ++i) {
+                    const int d = hh * HH + i * 8 + 2 * qd;
+                    *reinterpret_cast<float2*>(dst + d) = make_float2(O[i][2 * half] * inv * sigmoidf_(gt[d]),
+                                                                      O[i][2 * half + 1] * inv * sigmoidf_(gt[d + 1]));
+                }
             }
         } else {
             const size_t row = ((size_t)split_i * P.Tq + t) * P.nh + h;
@@ -578,17 +607,17 @@ __global__ void __launch_bounds__(THREADS, 2) tree_kernel(const Params P, const 
 
 // sms: the SM count (causal: the first wave of the heaviest-first order when the grid holds between one
 // and two blocks per SM).
-template <int KVT, bool CAUSAL>
+template <int KVT, bool CAUSAL, bool SPLIT_OUT = false>
 cudaError_t launch(const Params& P, const int32_t* pos_dev, int sms, cudaStream_t s) {
     const size_t smem = smem_bytes();
-    cudaError_t e =
-        cudaFuncSetAttribute(tree_kernel<KVT, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaError_t e = cudaFuncSetAttribute(tree_kernel<KVT, CAUSAL, SPLIT_OUT>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     const int qt = MR / P.group;
     const dim3 grid((unsigned)((P.Tq + qt - 1) / qt), (unsigned)P.nkv, (unsigned)P.n_splits);
     const int nb = (int)(grid.x * grid.y);
     const int wave = CAUSAL && nb > sms && nb <= 2 * sms ? sms : nb;
-    return lb::launch_pdl(tree_kernel<KVT, CAUSAL>, grid, dim3(THREADS), smem, s, P, pos_dev, wave);
+    return lb::launch_pdl(tree_kernel<KVT, CAUSAL, SPLIT_OUT>, grid, dim3(THREADS), smem, s, P, pos_dev, wave);
 }
 
 }  // namespace tc
@@ -609,9 +638,10 @@ size_t partials_bytes(int tq, int nh, int max_splits) {
     return max_splits > 1 ? (size_t)max_splits * tq * nh * (HD + 2) * 4 : 0;
 }
 
-// LUCEBOX_ATTN_PREFILL: "fp32" runs causal prefill (T > 1) on attn_kernel; unset, "tc" or anything else
-// on the tensor cores (tc::tree_kernel<.., true>). Read once per process.
-static bool prefill_on_tensor_cores() {
+// LUCEBOX_ATTN_PREFILL: "fp32" runs causal prefill (T > 1) on attn_kernel (and the 0.8B prefill on its own
+// pf::attn_flash, which asks here); unset, "tc" or anything else on the tensor cores
+// (tc::tree_kernel<.., true>). Read once per process.
+bool prefill_on_tensor_cores() {
     static const bool tc = [] {
         const char* v = std::getenv("LUCEBOX_ATTN_PREFILL");
         return !(v && std::strcmp(v, "fp32") == 0);
@@ -621,9 +651,12 @@ static bool prefill_on_tensor_cores() {
 
 int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s, const int32_t* pos_dev) {
     // tree verify and causal prefill: tensor cores (tc::tree_kernel); decode (and prefill under
-    // LUCEBOX_ATTN_PREFILL=fp32): the fp32 kernel
+    // LUCEBOX_ATTN_PREFILL=fp32): the fp32 kernel. A split-bf16 output (out_split) exists only in the
+    // causal tensor-core form, whatever T and the switch (its caller keeps its own fp32 path).
+    const bool split_out = P.out_split != nullptr;
+    if (split_out && (P.mask || kv_dtype != KV_BF16)) return (int)cudaErrorInvalidValue;
     const bool tc_tree = P.mask != nullptr;
-    const bool tc_causal = !tc_tree && P.Tq > 1 && prefill_on_tensor_cores();
+    const bool tc_causal = !tc_tree && (split_out || (P.Tq > 1 && prefill_on_tensor_cores()));
     const int R = P.Tq == 1 ? 8 : 32;
     const int block_rows = tc_tree || tc_causal ? tc::MR : R;
     const int qtiles = (P.Tq + block_rows / P.group - 1) / (block_rows / P.group);
@@ -663,6 +696,8 @@ int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s, 
     if (tc_tree)
         e = kv_dtype == KV_BF16 ? tc::launch<KV_BF16, false>(P, pos_dev, sms, s)
                                 : tc::launch<KV_F16, false>(P, pos_dev, sms, s);
+    else if (tc_causal && split_out)
+        e = tc::launch<KV_BF16, true, true>(P, pos_dev, sms, s);
     else if (tc_causal)
         e = kv_dtype == KV_BF16 ? tc::launch<KV_BF16, true>(P, pos_dev, sms, s)
                                 : tc::launch<KV_F16, true>(P, pos_dev, sms, s);
@@ -671,7 +706,8 @@ int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s, 
     else
         e = kv_dtype == KV_BF16 ? launch<32, KV_BF16>(P, pos_dev, s) : launch<32, KV_F16>(P, pos_dev, s);
     if (e != cudaSuccess || P.n_splits == 1) return (int)e;
-    return (int)lb::launch_pdl(combine_kernel, dim3(P.Tq * P.nh), dim3(HD), 0, s, P);
+    return (int)(split_out ? lb::launch_pdl(combine_kernel<true>, dim3(P.Tq * P.nh), dim3(HD), 0, s, P)
+                           : lb::launch_pdl(combine_kernel<false>, dim3(P.Tq * P.nh), dim3(HD), 0, s, P));
 }
 
 }  // namespace attn

@@ -18,7 +18,12 @@ size_t partials_bytes(int tq, int nh, int max_splits);
 // when partials != nullptr and max_splits > 1 (about two blocks per SM), then a combine kernel.
 // pos_dev (device int32, or nullptr): the kernels read pos0 from it instead of P.pos0, and the split
 // count no longer depends on the context (a CUDA graph captured once replays at every n_past).
+// P.out_split (the 0.8B prefill's split-bf16 output, bf16 cache only) always runs the causal tensor-core
+// kernel, at any Tq and whatever prefill_on_tensor_cores() says.
 int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s, const int32_t* pos_dev = nullptr);
+
+// Causal prefill on the tensor cores: false only under LUCEBOX_ATTN_PREFILL=fp32 (read once per process).
+bool prefill_on_tensor_cores();
 
 // Per token t: q heads from qg [T, ld_q] (head h = [q (256) | gate (256)] at h*512) and k / v [T, ld_kv];
 // RMSNorm1p (weights include the +1) of q and k, rotate-half RoPE of dims [0, rope_dims) at position

@@ -1,14 +1,17 @@
 // attn_prefill: the prompt's gated full attention for Qwen3.5 (head_dim 256, 4 query heads per kv head).
 //  - attn_prep: per token, q/k RMSNorm1p, partial RoPE (dims [0, 64), i pairs with i + 32), K and V
 //    rounded to bf16 into the decode megakernel's cache [n_kv, max_ctx, 256] at their positions.
-//  - attn_flash: causal attention over cache rows [0, pos] with an online softmax, then ⊙ sigmoid(gate),
-//    written as split bf16 (hi, lo parts) for the o_proj GEMM.
-//
-// attn_flash is fp32 on CUDA cores (flash-style tiling, no tensor cores): at pp520 attention is ~1% of
-// the prefill's FLOPs, and fp32 keeps it as exact as the decode kernel, which reads the same bf16 cache
-// with fp32 queries. A block takes 4 tokens x the 4 query heads of one kv head (16 rows), so each K/V
-// tile it loads serves 4 heads; few tokens per block keep the causal critical path (the last block
-// reads every key) short. A tensor-core (mma) version is the next step for long prompts (issue 6).
+//  - attn_tc (what the 0.8B prefill runs): causal attention over cache rows [0, pos], ⊙ sigmoid(gate),
+//    written as split bf16 (hi, lo parts) for the o_proj GEMM, on the 27B's tensor-core kernel
+//    (attn::run's causal tc::tree_kernel, cuda/ops/attn_decode.cu) rather than a second flash kernel:
+//    one kernel to tune and test, and the 27B measured 4.7 -> ~1 ms for its 16 layers at pp520.
+//  - attn_flash: the same contract in fp32 on CUDA cores (flash-style tiling, online softmax), kept as
+//    the fallback under LUCEBOX_ATTN_PREFILL=fp32 (the A/B, and the reference the tc path is tested
+//    against). It is as exact as the decode kernel, which reads the same bf16 cache with fp32 queries;
+//    a block takes 4 tokens x the 4 query heads of one kv head (16 rows), so each K/V tile it loads
+//    serves 4 heads; few tokens per block keep the causal critical path (the last block reads every
+//    key) short.
+#include "attn_ops.h"
 #include "lb_check.cuh"
 #include "lucebox.h"
 #include "pf_common.cuh"
@@ -227,7 +230,42 @@ int attn_flash(const float* qf, const uint16_t* kc, const uint16_t* vc, const fl
     return (int)cudaGetLastError();
 }
 
+int attn_tc(const float* qf, const uint16_t* kc, const uint16_t* vc, const float* gate, int gate_ld, int gate_hs,
+            uint16_t* out, void* partials, int max_splits, int T, int pos0, int n_heads, int n_kv, int max_ctx,
+            cudaStream_t s) {
+    if (n_kv < 1 || n_heads % n_kv != 0 || n_heads / n_kv > attn::MAX_GROUP) return (int)cudaErrorInvalidValue;
+    attn::Params P{};
+    P.qf = qf;
+    P.kc = kc;
+    P.vc = vc;
+    P.gate = gate;
+    P.gate_ld = gate_ld;
+    P.gate_hs = gate_hs;
+    P.out_split = out;
+    P.Tq = T;
+    P.pos0 = pos0;
+    P.nh = n_heads;
+    P.nkv = n_kv;
+    P.group = n_heads / n_kv;
+    P.max_ctx = max_ctx;
+    return attn::run(P, attn::KV_BF16, partials, max_splits, s);
+}
+
 }  // namespace pf
+
+extern "C" LB_API int lb_attn_prefill_tc(const void* qf, const void* k_cache, const void* v_cache, const void* gate,
+                                         int gate_ld, int gate_hs, void* out, void* partials, int max_splits, int t,
+                                         int pos0, int n_heads, int n_kv_heads, int max_ctx, void* stream) {
+    LB_CHECK_ARG(qf && k_cache && v_cache && gate && out, "null pointer");
+    LB_CHECK_ARG(t >= 1 && pos0 >= 0 && pos0 + t <= max_ctx, "positions outside the cache");
+    LB_CHECK_ARG(n_kv_heads >= 1 && n_heads % n_kv_heads == 0 && n_heads / n_kv_heads <= attn::MAX_GROUP,
+                 "n_heads must be a multiple of n_kv_heads, at most 8 per kv head");
+    LB_CUDA_TRY((cudaError_t)pf::attn_tc(static_cast<const float*>(qf), static_cast<const uint16_t*>(k_cache),
+                                          static_cast<const uint16_t*>(v_cache), static_cast<const float*>(gate),
+                                          gate_ld, gate_hs, static_cast<uint16_t*>(out), partials, max_splits, t,
+                                          pos0, n_heads, n_kv_heads, max_ctx, static_cast<cudaStream_t>(stream)));
+    return LB_OK;
+}
 
 extern "C" LB_API int lb_attn_prefill(const void* qf, const void* k_cache, const void* v_cache, const void* gate,
                                       int gate_ld, int gate_hs, void* out, int t, int pos0, int n_heads,

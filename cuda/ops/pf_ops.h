@@ -67,6 +67,13 @@ int attn_prep(const float* y, int ldy, const float* q_norm, const float* k_norm,
 int attn_flash(const float* qf, const uint16_t* kc, const uint16_t* vc, const float* gate, int gate_ld, int gate_hs,
                uint16_t* out, int T, int pos0, int n_heads, int n_kv, int max_ctx, cudaStream_t s);
 int attn_prepare();
+// attn_flash's contract on the tensor cores: attn::run's causal tc::tree_kernel (cuda/ops/attn_decode.cu)
+// writing the split pair itself, split-precision Q and P (~4e-6 relative RMS from the fp32 math). Splits
+// along the keys when partials != nullptr and max_splits > 1: attn::partials_bytes(T, n_heads, max_splits)
+// bytes. Any group n_heads / n_kv <= 8.
+int attn_tc(const float* qf, const uint16_t* kc, const uint16_t* vc, const float* gate, int gate_ld, int gate_hs,
+            uint16_t* out, void* partials, int max_splits, int T, int pos0, int n_heads, int n_kv, int max_ctx,
+            cudaStream_t s);
 
 // ---- pf_small.cu ----
 // h[t, :] = embed[tok[t], :] as fp32 (HID = 1024).

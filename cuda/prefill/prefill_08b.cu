@@ -9,9 +9,11 @@
 // follows earlier tokens), which bounds the scratch memory.
 //
 // Per layer: RMSNorm -> in-proj GEMM (fp32 out) -> DeltaNet (conv prep, chunked rule, gated norm) or
-// attention (prep into the cache, flash) -> out-proj GEMM + residual -> RMSNorm -> gate/up GEMM with
-// SwiGLU -> down GEMM + residual. GEMM inputs are split bf16 (x ≈ hi + lo, two MMAs each: plain bf16
-// activations moved the 24-layer logits by ~2.6%), accumulation and everything between GEMMs is fp32.
+// attention (prep into the cache, then causal attention on the 27B's tensor-core kernel, pf::attn_tc; the
+// fp32 pf::attn_flash under LUCEBOX_ATTN_PREFILL=fp32, fixed when the context is made, lb_mk_prefill_attn)
+// -> out-proj GEMM + residual -> RMSNorm -> gate/up GEMM with SwiGLU -> down GEMM + residual. GEMM inputs
+// are split bf16 (x ≈ hi + lo, two MMAs each: plain bf16 activations moved the 24-layer logits by ~2.6%),
+// accumulation and everything between GEMMs is fp32.
 // The GEMMs run on our own kernel (cuda/ops/gemm_bf16.cu) or, chosen once when the context is made, on a
 // cuBLAS loaded at run time (cuda/ops/gemm_cublas.cu: one GEMM over both split halves into fp32 scratch,
 // then the same epilogues); lb_mk_prefill_gemm says which.
@@ -19,6 +21,7 @@
 #include <new>
 
 #include "../megakernel/mk_handle.h"
+#include "../ops/attn_ops.h"
 #include "../ops/pf_ops.h"
 #include "lb_check.cuh"
 #include "../core/cublas_gemm.cuh"
@@ -47,10 +50,19 @@ struct Prefill {
     int* am = nullptr;
     int gemm = LB_PREFILL_GEMM_OWN;  // the GEMM path, fixed at creation
     float* gemm_scr = nullptr;  // cuBLAS path: fp32 [2][Tm, GEMM_ROWS_MAX], both halves of a split GEMM
+    bool attn_tc = true;        // attention on the tensor cores (pf::attn_tc), else pf::attn_flash; fixed at creation
+    void* attn_part = nullptr;  // tensor cores: the key splits' partials, 2 Tm (split, token) rows
 };
 
 // The most output rows of one prefill GEMM (W rows): the DeltaNet in-projection.
 constexpr int GEMM_ROWS_MAX = std::max(std::max(mk::DN_IN, mk::AT_IN), std::max(2 * mk::FFN, mk::HID));
+
+// The tensor-core attention splits along the keys while its query tiles alone leave SMs idle (attn::run: about
+// two blocks per SM; 3 splits at pp520 on 132 SMs, none from ~800 tokens on). Its partials are sized for two
+// splits of a full segment (2 Tm (split, token) rows), so a T-token segment splits at most 2 Tm / T ways,
+// and at most 16 as the 27B's prefill.
+constexpr int ATTN_MAX_SPLITS = 16;
+int attn_max_splits(int Tm, int T) { return std::min(ATTN_MAX_SPLITS, 2 * Tm / T); }
 
 size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -81,6 +93,8 @@ size_t carve(Prefill* P, char* base) {
     // 2 * Tm * 8224 floats on the cuBLAS path (128.5 MiB at Tm = 2048), nothing on ours
     const size_t scr = pf::gemm_cublas_scratch_bytes((int)Tm, GEMM_ROWS_MAX, pf::EPI_F32, true);
     P->gemm_scr = reinterpret_cast<float*>(take(P->gemm == LB_PREFILL_GEMM_CUBLAS ? scr : 0));
+    // 2 * Tm * 8 * 258 floats on the tensor-core attention (33.8 MB at Tm = 2048), nothing on the fp32 one
+    P->attn_part = take(P->attn_tc ? attn::partials_bytes((int)Tm, mk::AT_HQ, 2) : 0);
     return off;
 }
 
@@ -118,8 +132,12 @@ int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0) {
         PF_TRY(pf::attn_prep(P->y, mk::AT_IN, L.q_norm, L.k_norm, P->q, L.kc, L.vc, T, pos0, mk::AT_HQ, mk::AT_HKV, mc,
                              eps, H->cfg.rope_theta, s));
         // the gate of head h sits right after its q in the interleaved rows: offset 256, head stride 512
-        PF_TRY(pf::attn_flash(P->q, L.kc, L.vc, P->y + mk::AT_D, mk::AT_IN, 2 * mk::AT_D, P->xb, T, pos0, mk::AT_HQ,
-                              mk::AT_HKV, mc, s));
+        if (P->attn_tc)
+            PF_TRY(pf::attn_tc(P->q, L.kc, L.vc, P->y + mk::AT_D, mk::AT_IN, 2 * mk::AT_D, P->xb, P->attn_part,
+                               attn_max_splits(P->max_chunk, T), T, pos0, mk::AT_HQ, mk::AT_HKV, mc, s));
+        else
+            PF_TRY(pf::attn_flash(P->q, L.kc, L.vc, P->y + mk::AT_D, mk::AT_IN, 2 * mk::AT_D, P->xb, T, pos0,
+                                  mk::AT_HQ, mk::AT_HKV, mc, s));
     }
     LB_TRY(gemm(P, P->xb, L.w_out, P->h, T, mk::HID, mk::DN_Z, pf::EPI_RESID));
     PF_TRY(pf::rmsnorm_bf16(P->h, L.norm2, P->xb, T, mk::HID, eps, s));
@@ -167,6 +185,7 @@ extern "C" LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, in
     P->H = H;
     P->max_chunk = max_chunk > 0 ? max_chunk : 2048;
     P->n_part = pf::lm_head_max_parts(H->cfg.vocab);
+    P->attn_tc = attn::prefill_on_tensor_cores();
     int st = LB_OK;
     auto fail = [&](int status) {
         cudaFree(P->blob);
@@ -199,6 +218,10 @@ extern "C" LB_API int lb_mk_prefill_free(void* prefill) {
 
 extern "C" LB_API int lb_mk_prefill_gemm(void* prefill) {
     return prefill ? static_cast<Prefill*>(prefill)->gemm : -1;
+}
+
+extern "C" LB_API int lb_mk_prefill_attn(void* prefill) {
+    return prefill ? (int)static_cast<Prefill*>(prefill)->attn_tc : -1;
 }
 
 extern "C" LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n, float* logits, int32_t* argmax_out) {

@@ -128,6 +128,8 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_deltanet_chunked_scratch_bytes": (c_uint64, [c_int, c_int]),
     "lb_deltanet_chunked": (c_int, [ctypes.c_void_p] * 8 + [c_int, c_int, ctypes.c_void_p]),
     "lb_attn_prefill": (c_int, [ctypes.c_void_p] * 4 + [c_int, c_int, ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),
+    "lb_attn_prefill_tc": (c_int, [ctypes.c_void_p] * 4 + [c_int, c_int] + [ctypes.c_void_p] * 2 + [c_int] * 6
+                           + [ctypes.c_void_p]),
     # quantized matrix ops (cuda/ops/gemv_q.cu, gemm_q_smalln.cu, quant_repack.cu)
     "lb_quant_bytes": (c_uint64, [c_int, c_int, c_int]),
     "lb_quant_repack": (c_int, [c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p]),
@@ -226,6 +228,7 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_mk_prefill_create": (c_int, [ctypes.c_void_p, c_int, POINTER(ctypes.c_void_p)]),
     "lb_mk_prefill_create_ex": (c_int, [ctypes.c_void_p, c_int, c_int, POINTER(ctypes.c_void_p)]),
     "lb_mk_prefill_gemm": (c_int, [ctypes.c_void_p]),
+    "lb_mk_prefill_attn": (c_int, [ctypes.c_void_p]),
     "lb_mk_prefill_free": (c_int, [ctypes.c_void_p]),
     "lb_mk_prefill": (c_int, [ctypes.c_void_p, POINTER(c_int32), c_int, POINTER(ctypes.c_float), POINTER(c_int32)]),
     # dflash

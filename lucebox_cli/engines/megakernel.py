@@ -7,7 +7,8 @@ default; `prefill_mode="decode"` feeds the prompt through the decode kernel one 
 (slow, but the simplest path that writes exactly the state decode reads: the tests' reference).
 The tensor-core prefill's GEMMs run on cuBLAS when one loads at run time (engines/cublas.py; knobs
 LUCEBOX_PREFILL_GEMM=auto|own|cublas and LUCEBOX_CUBLAS=off|path), else on our own kernel; `info`
-records which ("prefill_gemm", "cublas"), and so does every bench row's engine_info.
+records which ("prefill_gemm", "cublas"), and so does every bench row's engine_info. Its attention runs on
+the tensor cores unless LUCEBOX_ATTN_PREFILL=fp32 (read once per process by the library): "prefill_attn".
 Speculative verify/commit are not supported by the 0.8B megakernel (EngineUnavailable).
 
 The kernel is specialised for the 0.8B widths; only the layer count and the vocabulary may differ
@@ -142,6 +143,7 @@ class MegakernelEngine:
         self.info = self._info()
         tc = self._tc_prefill
         self.info["prefill_gemm"] = tc.gemm if tc is not None else None
+        self.info["prefill_attn"] = tc.attn if tc is not None else None
         self.info["cublas"] = (f"{tc.cublas.path} ({tc.cublas.version or 'version unknown'})"
                                if tc is not None and tc.cublas.loaded else None)
         if tc is not None and tc.note:

@@ -8,6 +8,8 @@ pending token exactly as the decode kernel reads them, so `engine.decode(n)` con
 Its GEMMs run on our own kernel or on a cuBLAS loaded at run time (engines/cublas.py), chosen once here:
 `gemm` ("auto", "own", "cublas"; default LUCEBOX_PREFILL_GEMM, else auto = cuBLAS when one loads).
 `.gemm` says which path runs, `.cublas` what was found, `.note` why auto fell back to our kernel.
+`.attn` says where its attention runs: "tc" (tensor cores) or "fp32" (LUCEBOX_ATTN_PREFILL=fp32, which the
+library reads once per process).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class TensorCorePrefill:
         mode = cublas.GEMM_MODES[want] if self.cublas.loaded else cublas.GEMM_MODES["own"]
         self.lib.call("lb_mk_prefill_create_ex", engine._handle, int(max_chunk), mode, ctypes.byref(self._ctx))
         self.gemm = cublas.GEMM_NAMES[int(self.lib.fn.lb_mk_prefill_gemm(self._ctx))]
+        self.attn = "tc" if int(self.lib.fn.lb_mk_prefill_attn(self._ctx)) == 1 else "fp32"
         self.note: Optional[str] = None
         if self.cublas.loaded and self.gemm == "own":
             # auto with a cuBLAS that would not start here (lb_last_error says why)

@@ -58,6 +58,12 @@ def test_entry_points_reject_bad_arguments_without_a_gpu():
     assert fn.lb_gemm_bf16(p, p, p, 37, 1024, 1024, 3, None) == _lib.LB_ERR_INVALID_ARG  # epilogue
     assert fn.lb_attn_prefill(p, p, p, p, 4096, 512, p, 37, 0, 8, 3, 64, None) == _lib.LB_ERR_INVALID_ARG
     assert fn.lb_attn_prefill(p, p, p, p, 4096, 512, p, 37, 40, 8, 2, 64, None) == _lib.LB_ERR_INVALID_ARG
+    # the tensor-core form: any group up to 8, positions inside the cache
+    assert fn.lb_attn_prefill_tc(p, p, p, p, 4096, 512, p, None, 1, 37, 0, 8, 3, 64, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_attn_prefill_tc(p, p, p, p, 4096, 512, p, None, 1, 37, 0, 18, 2, 64, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_attn_prefill_tc(p, p, p, p, 4096, 512, p, None, 1, 37, 40, 8, 2, 64, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_attn_prefill_tc(p, p, p, None, 4096, 512, p, None, 1, 37, 0, 8, 2, 64, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_mk_prefill_attn(None) == -1
     assert fn.lb_deltanet_chunked(p, p, p, p, p, p, p, p, 0, 16, None) == _lib.LB_ERR_INVALID_ARG
     # u [H, T, 128] + w [H, Tp, 128] + Aqk [H, Tp, 64] + cum [H, Tp] + chunk start states [H, Tp / 64, 128, 128],
     # Tp = T rounded up to the chunk (64)
