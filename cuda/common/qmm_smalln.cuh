@@ -135,6 +135,78 @@ struct XStager {
     }
 };
 
+// ---- small-N v5: contiguous fragment loads (Q4_K and Q4_K_T, lb_qmm_smalln_select 12 / 13) --------------
+// The mma's k is a dummy index: any bijection between (lane part t, step, fragment slot) and the block's 256 k
+// works as long as A (weights) and B (the staged x) use the same one, and every weight is dequantized on its own
+// (d·sc and dmin·m per weight), so a k-step need not share a scale. Traits<Q4_K> gives lane t the qs bytes
+// 16t .. +15 and 64 + 16t .. +15 (groups t >> 1 and 2 + (t >> 1): four sub-blocks, four scale decodes per row
+// and item). Here lane t reads qs bytes [32t, 32t + 32) (group t: sub-blocks 2t (low nibbles) and 2t + 1 (high
+// nibbles)) as two 16-byte pieces: two (scale, min) decodes per row and item, once per nibble step S instead of
+// once per (chunk, step). The map, byte b = 0..3 of word u = 0..3 of piece C = 0, 1, step S = 0, 1 (lo, hi):
+//   actual k = klane(t) + kstep(C, u, S) + b = 64t + 32S + 16C + 4u + b,
+// at fragment slot 2t (b = 0), 2t + 1 (b = 2), 2t + 8 (b = 1), 2t + 9 (b = 3) of mma step q = (2C + S)·4 + u:
+// TraitsK45's frag unchanged (the same word, masks and magic), only the addresses and the k of each word differ.
+// The x staging (XStager, smalln_group) and the B reads are the generic ones driven by klane/kstep, so B follows
+// the same map (16-k group grp = 4t + 2S + C; tests/unit/test_qmm_smalln_v5_map.py models both sides).
+// kL1: the two pieces of a lane are the two halves of 32 bytes (sector-aligned in Q4_K_T odd rows, straddling
+// two sectors in even rows), so each sector is touched by two load instructions: with L1::no_allocate (ldg_stream,
+// the shipped kernels' load) both go to L2 (2× the L2→SM sectors of the 2304 weight bytes of a warp item, against
+// ~1.3× for Traits<Q4_K>'s 64-byte quad runs); kL1 loads with L1::evict_first instead, so the second instruction
+// can hit the line the first one allocated. Select 12 = kL1, select 13 = no_allocate (the A/B of that choice).
+constexpr int kV5Flag = 0x200, kV5StreamFlag = 0x400;  // template-only ids, never a C API qtype
+enum : int {
+    Q4_K_V5 = Q4_K | kV5Flag,
+    Q4_K_T_V5 = Q4_K_T | kV5Flag,
+    Q4_K_V5S = Q4_K | kV5Flag | kV5StreamFlag,
+    Q4_K_T_V5S = Q4_K_T | kV5Flag | kV5StreamFlag,
+};
+__host__ __device__ constexpr inline bool is_v5(int qt) { return (qt & kV5Flag) != 0; }
+
+// 16-byte load that allocates in L1 with the first eviction priority (the v5 pieces under kL1).
+__device__ __forceinline__ uint4 ldg_l1_first(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+template <bool kTile, bool kL1>
+struct TraitsK4V5 : TraitsK45<false, kTile> {
+    using Base = TraitsK45<false, kTile>;
+    using Row = typename Base::Row;
+    static constexpr bool kScalePerStep = true;  // prep<C, S> does not depend on C (smalln_item_v5)
+    // pieces: header (d|dmin, scales 0-3, 4-7, 8-11), qs bytes 32t .. +15, 32t + 16 .. +31
+    __device__ static const uint8_t* piece(const uint8_t* w, int64_t, int k, int64_t row, int kb, int t, int p) {
+        const uint8_t* b = w + block_index<kTile>(row, kb, k / QK) * Base::kBlockBytes;
+        return p == Base::kHdr ? b : b + 16 + 32 * t + 16 * (p - Base::kQs);
+    }
+    __device__ static uint4 load(const uint8_t* p) { return kL1 ? ldg_l1_first(p) : ldg_stream(p); }
+    __device__ static int klane(int t) { return 64 * t; }
+    static constexpr int kstep(int c, int u, int s) { return 16 * c + 32 * s + 4 * u; }
+    // sub-block j = 2t + S: ggml's get_scale_min_k4 with j >= 4 (t >= 2) a per-lane select, not a template
+    // argument; jj = j & 3 = 2(t & 1) + S picks the byte of each scales word.
+    template <int C, int S>
+    __device__ static Scales prep(const Row& r, int t) {
+        const uint4& h = r.v[Base::kHdr];
+        const int sh = 8 * (2 * (t & 1) + S);
+        const uint32_t b1 = (h.y >> sh) & 0xFF, b2 = (h.z >> sh) & 0xFF, b3 = (h.w >> sh) & 0xFF;
+        const bool hi = t >= 2;
+        const int sc = hi ? (int)((b3 & 0xF) | (b1 >> 6 << 4)) : (int)(b1 & 63);
+        const int mn = hi ? (int)((b3 >> 4) | (b2 >> 6 << 4)) : (int)(b2 & 63);
+        const float2 dm = __half22float2(bits_h2(h.x));
+        return {__float2half2_rn(dm.x * (float)sc * (S ? 0.0625f : 1.0f)), __float2half2_rn(-dm.y * (float)mn)};
+    }
+};
+template <>
+struct Traits<Q4_K_V5> : TraitsK4V5<false, true> {};
+template <>
+struct Traits<Q4_K_T_V5> : TraitsK4V5<true, true> {};
+template <>
+struct Traits<Q4_K_V5S> : TraitsK4V5<false, false> {};
+template <>
+struct Traits<Q4_K_T_V5S> : TraitsK4V5<true, false> {};
+
 // One item of one warp, qmm_item's arithmetic with B from the staged buffer.
 template <int QT, int NT, int MT>
 __device__ __forceinline__ void smalln_item(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
@@ -168,6 +240,50 @@ __device__ __forceinline__ void smalln_item(const typename Traits<QT>::Row (&rr)
     });
 }
 
+// small-N v5's item: smalln_item with the steps in the order S, C (the same mma, B reads and A words) so that
+// each row's two Scales are decoded once per S (prep<0, S>, which is prep<1, S>) instead of once per (C, S).
+template <int QT, int NT, int MT>
+__device__ __forceinline__ void smalln_item_v5(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
+                                               const uint2* buf, int lane, int t) {
+    using Tr = Traits<QT>;
+    static_assert(Tr::kScalePerStep, "the v5 traits");
+    static_for<Tr::kHiLo>([&](auto S) {
+        constexpr int st = decltype(S)::value;
+        Scales sc[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            sc[m][0] = Tr::template prep<0, st>(rr[m][0], t);
+            sc[m][1] = Tr::template prep<0, st>(rr[m][1], t);
+        }
+        static_for<Tr::kChunks>([&](auto C) {
+            constexpr int c = decltype(C)::value;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int q = (c * Tr::kHiLo + st) * 4 + u;
+                uint2 b[NT];
+#pragma unroll
+                for (int ct = 0; ct < NT; ++ct) b[ct] = buf[(q * NT + ct) * 32 + (lane ^ u)];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    uint32_t a0, a1, a2, a3;
+                    Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
+                    Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
+#pragma unroll
+                    for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct].x, b[ct].y);
+                }
+            }
+        });
+    });
+}
+
+// The kernel's item: smalln_item, or smalln_item_v5 for the v5 ids (the shipped instances' code unchanged).
+template <int QT, int NT, int MT>
+__device__ __forceinline__ void smalln_item_any(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
+                                                const uint2* buf, int lane, int t) {
+    if constexpr (is_v5(QT)) smalln_item_v5<QT, NT, MT>(rr, acc, buf, lane, t);
+    else smalln_item<QT, NT, MT>(rr, acc, buf, lane, t);
+}
+
 // The MT row tiles' weights of one item into registers (qmm_kernel's loads; rows past the end load the
 // last row, in bounds and never stored).
 template <int QT, int MT>
@@ -180,7 +296,10 @@ __device__ __forceinline__ void smalln_load(const QmmArgs& a, int64_t row0, int 
         for (int h = 0; h < 2; ++h) {
             const int64_t row = min(row0 + 16 * m + g + 8 * h, a.n_rows - 1);
 #pragma unroll
-            for (int p = 0; p < Tr::kPieces; ++p) rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
+            for (int p = 0; p < Tr::kPieces; ++p) {
+                if constexpr (is_v5(QT)) rr[m][h].v[p] = Tr::load(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
+                else rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
+            }
             if constexpr (Tr::kD16)
                 rr[m][h].d = __half2float(*Tr::d_ptr(a.w, a.n_rows, a.k, row, kb));
         }
@@ -247,14 +366,14 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
         if (more) xst.stage(nkb, a.n, xs[buf ^ 1]);
         if constexpr (kSplit) {
             // (a partial last group skips whole empty tiles)
-            if (cur) smalln_item<QT, NT, 1>(reinterpret_cast<Tile&>(rr[0]), reinterpret_cast<TileAcc&>(acc[0]), xs[buf], lane, t);
+            if (cur) smalln_item_any<QT, NT, 1>(reinterpret_cast<Tile&>(rr[0]), reinterpret_cast<TileAcc&>(acc[0]), xs[buf], lane, t);
             if (nxt) smalln_load<QT, 1>(a, nrow0, nkb, g, t, reinterpret_cast<Tile&>(rr[0]));
-            if (cur) smalln_item<QT, NT, 1>(reinterpret_cast<Tile&>(rr[1]), reinterpret_cast<TileAcc&>(acc[1]), xs[buf], lane, t);
+            if (cur) smalln_item_any<QT, NT, 1>(reinterpret_cast<Tile&>(rr[1]), reinterpret_cast<TileAcc&>(acc[1]), xs[buf], lane, t);
             if (nxt) smalln_load<QT, 1>(a, nrow0 + 16, nkb, g, t, reinterpret_cast<Tile&>(rr[1]));
             if (cur && (kb + 1 == nb || !more)) qmm_flush<NT, MT>(a, row0, acc, g, t, out);
         } else {
             if (cur) {
-                smalln_item<QT, NT, MT>(rr, acc, xs[buf], lane, t);
+                smalln_item_any<QT, NT, MT>(rr, acc, xs[buf], lane, t);
                 if (kb + 1 == nb || !more) qmm_flush<NT, MT>(a, row0, acc, g, t, out);
             }
             // issued before the barrier, so they are in flight while the block waits and stages

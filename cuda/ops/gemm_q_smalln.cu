@@ -23,8 +23,11 @@ using namespace lb::q;
 // n (the path before qmm_smalln.cuh); 2..7: the staged kernel at n = 2..32 in launch shape A..F (see
 // staged_launch); 8, 9: the shipped choice at n <= 32 and the staged kernel at n = 33..64 in shape G, H (see
 // wide_launch) with 6 column tiles up to n = 48 and 8 above; 10, 11: the same shapes with 8 column tiles at
-// every n = 33..64 (NT = 6 measured 47 against 54 µs at n = 33, Q4_K 5120×17408).
-constexpr int kSelectMax = 11;
+// every n = 33..64 (NT = 6 measured 47 against 54 µs at n = 33, Q4_K 5120×17408); 12, 13: "small-N v5"
+// (qmm_smalln.cuh: contiguous fragment loads, two scale decodes per row and item) for Q4_K and Q4_K_T at
+// n = 2..32, 12 with L1-allocating weight loads, 13 with the shipped L1::no_allocate (v5_dispatch); every other
+// type and width under 12 / 13: the shipped choice (select 0).
+constexpr int kSelectMax = 13;
 std::atomic<int> g_select{0};
 
 // The register kernel (qmm.cuh) for every n.
@@ -111,10 +114,50 @@ int wide_dispatch(int sel, const void* w, int64_t n_rows, int k, const float* x,
     return wide_launch<QT, 8>(shape, w, n_rows, k, x, n, y, accumulate, s);
 }
 
+// small-N v5 (select 12 / 13) for QT = Q4_K or Q4_K_T at n = 2..32, in the shipped shape of Q4_K at that width
+// (B 2×4 up to 3 column tiles, D 1×8 at 4: the launch shapes measured equal on the tiled layout, docs/perf.md
+// session 8, so the A/B against select 0 changes the map and nothing else).
+template <int QT, int QTV, int NT>
+int v5_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s) {
+    if constexpr (kShippedShape<QT, NT> == 1)
+        return qmm_smalln_launch<QTV, NT, 2, 4, kMinBlocksB<QT, NT>>(w, n_rows, k, x, n, y, accumulate, s);
+    else
+        return qmm_smalln_launch<QTV, NT, 1, 8, 2>(w, n_rows, k, x, n, y, accumulate, s);
+}
+
+template <int QT, int QTV>
+int v5_widths(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s) {
+    if (n <= 8) return v5_launch<QT, QTV, 1>(w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 16) return v5_launch<QT, QTV, 2>(w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 24) return v5_launch<QT, QTV, 3>(w, n_rows, k, x, n, y, accumulate, s);
+    return v5_launch<QT, QTV, 4>(w, n_rows, k, x, n, y, accumulate, s);
+}
+
+// sel 12 (L1-allocating loads) or 13 (L1::no_allocate); n in 2..32.
+template <int QT>
+int v5_dispatch(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+                cudaStream_t s) {
+    static_assert(QT == Q4_K || QT == Q4_K_T, "small-N v5 is for Q4_K and Q4_K_T");
+    if (sel == 12) return v5_widths<QT, QT | kV5Flag>(w, n_rows, k, x, n, y, accumulate, s);
+    return v5_widths<QT, QT | kV5Flag | kV5StreamFlag>(w, n_rows, k, x, n, y, accumulate, s);
+}
+
+// Whether select sel sends (QT, n) to small-N v5.
+template <int QT>
+bool takes_v5(int sel, int n) {
+    return (QT == Q4_K || QT == Q4_K_T) && sel >= 12 && n >= 2 && n <= 32;
+}
+
 template <int QT>
 int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                     cudaStream_t s) {
     int sel = g_select.load(std::memory_order_relaxed);
+    if (sel >= 12) {
+        if constexpr (QT == Q4_K) {
+            if (takes_v5<QT>(sel, n)) return v5_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
+        }
+        sel = 0;  // other types and widths: the shipped choice
+    }
     if (sel == 0 && n > 32) sel = 8;  // shipped at n = 33..64: shape G
     if (sel >= 8) {
         if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
@@ -167,7 +210,11 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (qtype) {
         case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s);
-        case Q4_K_T: return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
+        case Q4_K_T: {
+            const int sel = g_select.load(std::memory_order_relaxed);  // only 12 / 13 apply to the tiled layout
+            if (takes_v5<Q4_K_T>(sel, n)) return v5_dispatch<Q4_K_T>(sel, w, n_rows, k, x, n, y, accumulate, s);
+            return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
+        }
         case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K_T: return shipped_dispatch<Q6_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());

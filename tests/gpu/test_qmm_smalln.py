@@ -8,7 +8,8 @@ Every type, odd row counts, K a multiple of 256 with an odd block count, each co
 1 (output preset to a random vector), plus shapes with several items per block (flushes mid-range, both x
 buffers, row-group wrap). Results of the stream-K atomics are compared by relative RMS error, like the others.
 
-Script mode: `python tests/gpu/test_qmm_smalln.py [--bench]`; --bench prints n = 64 (register kernel vs each v2
+Script mode: `python tests/gpu/test_qmm_smalln.py [--bench | --bench-tiled | --bench-v5]`; --bench-v5 prints the
+small-N v5 selects (12, 13) against the shipped kernel on Q4_K_T / Q4_K; --bench prints n = 64 (register kernel vs each v2
 shape) on the 27B shapes and n = 33..57 at ffn_down, then n = 1 vs n = 23 (every kernel) on the 27B shapes, and
 the other widths at ffn_down.
 """
@@ -26,11 +27,14 @@ from test_quant_gemv import ALL_QTYPES, QTYPES, TOL, Dev, case, fit_rows, lib, r
 pytestmark = pytest.mark.gpu
 
 # lb_qmm_smalln_select: 0 shipped, 1 register kernel (qmm.cuh), 2..7 staged shapes A..F at n <= 32; 8..11 the
-# staged kernel at n = 33..64 ("small-N v2", shapes G, H; NT 6 up to n = 48 under 8/9, NT 8 always under 10/11)
+# staged kernel at n = 33..64 ("small-N v2", shapes G, H; NT 6 up to n = 48 under 8/9, NT 8 always under 10/11);
+# 12, 13 "small-N v5" (contiguous fragment loads) for Q4_K and Q4_K_T at n = 2..32 (L1-allocating / no_allocate
+# weight loads), the shipped choice for every other type and width
 SELECT = {0: "shipped", 1: "register", 2: "staged A 2x8", 3: "staged B 2x4", 4: "staged C 1x16", 5: "staged D 1x8",
           6: "staged E 2x4 split", 7: "staged F 2x8 split"}
 WIDE_SELECT = {8: "v2 G 2x8", 9: "v2 H 1x16", 10: "v2 G 2x8 NT8", 11: "v2 H 1x16 NT8"}
-SELECT_MAX = 11
+V5_SELECT = {12: "v5 L1", 13: "v5 no-L1"}
+SELECT_MAX = 13
 NS = [2, 7, 9, 16, 23, 24, 31, 32]
 # n = 33..64: each NT 6 / NT 8 edge and the prefill's 64
 WIDE_NS = [33, 41, 48, 57, 64]
@@ -39,7 +43,7 @@ WIDE_NS = [33, 41, 48, 57, 64]
 SHAPES = [(301, 256 * 7), (4099, 256 * 16)]
 # the 27B FFN shape: ~10 items per block, several row-group wraps per block
 MANY_ITEMS_SHAPE = (17408, 5120)
-NAMES = {**SELECT, **WIDE_SELECT}
+NAMES = {**SELECT, **WIDE_SELECT, **V5_SELECT}
 
 
 def select(which: int) -> None:
@@ -89,12 +93,12 @@ def check(qt, rows, k, ns, selects):
 @pytest.mark.parametrize("qt", list(QTYPES))
 @pytest.mark.parametrize("rows,k", SHAPES, ids=[f"N{r}-K{k}" for r, k in SHAPES])
 def test_staged_smalln(qt, rows, k):
-    check(qt, rows, k, NS, list(SELECT))
+    check(qt, rows, k, NS, [*SELECT, *V5_SELECT])
 
 
 @pytest.mark.parametrize("qt", list(QTYPES))
 def test_staged_smalln_many_items(qt):
-    check(qt, *MANY_ITEMS_SHAPE, [9, 23, 32], [0, 2, 3, 4, 5, 6, 7])
+    check(qt, *MANY_ITEMS_SHAPE, [9, 23, 32], [0, 2, 3, 4, 5, 6, 7, *V5_SELECT])
 
 
 # small-N v2: n = 33..64 through the staged kernel (every new select value and select 0, which ships shape G
@@ -115,11 +119,29 @@ def test_wide_selects_keep_small_n_shipped():
     check("Q4_K", 301, 256 * 7, [2, 23, 32], list(WIDE_SELECT))
 
 
+# small-N v5 (selects 12, 13): Q4_K and the tiled Q4_K at every n = 2..32 (each column-tile count at its edges and
+# between), the odd shapes (partial last row group; several items per block, both x buffers) and the 27B FFN shape
+# (many items per block, row-group wraps); n = 1 and n = 33..64 under 12 / 13 are the shipped choice.
+V5_NS = [2, 3, 5, 7, 8, 9, 12, 16, 17, 20, 23, 24, 25, 29, 31, 32]
+
+
+@pytest.mark.parametrize("qt", ["Q4_K", "Q4_K_T"])
+@pytest.mark.parametrize("rows,k", SHAPES + [MANY_ITEMS_SHAPE], ids=[f"N{r}-K{k}" for r, k in SHAPES + [MANY_ITEMS_SHAPE]])
+def test_v5_smalln(qt, rows, k):
+    ns = V5_NS if rows * k < 10**7 else [2, 9, 23, 32]
+    check(qt, fit_rows(qt, rows), k, ns, list(V5_SELECT))
+
+
+@pytest.mark.parametrize("qt", ["Q4_K", "Q4_K_T", "Q6_K"])
+def test_v5_selects_keep_other_widths_shipped(qt):
+    check(qt, fit_rows(qt, 301), 256 * 7, [1, 33, 64] if qt != "Q6_K" else [1, 9, 23, 33], list(V5_SELECT))
+
+
 # The tiled Q4_K (qtype 268) runs the shipped shapes only (the selects do not apply to it): every width n = 2..64 at
 # the shapes above with rows rounded up to whole 16-row tiles, and the 27B FFN shape.
 @pytest.mark.parametrize("rows,k", SHAPES + [MANY_ITEMS_SHAPE], ids=[f"N{r}-K{k}" for r, k in SHAPES + [MANY_ITEMS_SHAPE]])
 def test_tiled_q4k_shipped(rows, k):
-    check("Q4_K_T", fit_rows("Q4_K_T", rows), k, NS + WIDE_NS, [0])
+    check("Q4_K_T", fit_rows("Q4_K_T", rows), k, NS + WIDE_NS, [0, *V5_SELECT])
 
 
 # The tiled Q6_K (qtype 270) likewise: Q6_K's shipped choices (the register kernel through Traits<Q6_K_T>::piece at
@@ -223,15 +245,27 @@ def bench(out=print) -> None:
     cases += [("Q6_K", "attn_qkv", 10240, 5120, 23)]
     cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q4_K", "Q6_K") for n in (2, 8, 16, 24, 32)]
     cases += [(qt, "ffn_down", 5120, 17408, n) for qt in ("Q5_K", "Q8_0") for n in (8, 16, 32)]
-    _bench_table(out, [0, 1, 2, 3, 4, 5, 6, 7], SELECT, cases, "shipped / n = 1", lambda us, one: us[0] / one)
+    _bench_table(out, [0, 1, 2, 3, 4, 5, 6, 7, *V5_SELECT], NAMES, cases, "shipped / n = 1",
+                 lambda us, one: us[0] / one)
 
 
 def bench_tiled(out=print) -> None:
     """The verify's n = 23 on the tiled layouts the engine uploads (Q4_K_T, Q6_K_T), every launch shape: the shipped
     shapes were chosen on the GGUF order (small-N v1), before the tiles made a warp item's bytes contiguous."""
     cases = [("Q4_K_T", name, r, k, 23) for name, r, k in BENCH_SHAPES]
+    cases += [("Q4_K_T", "ffn_gate/up", 17408, 5120, n) for n in (2, 8, 16, 32)]
     cases += [("Q6_K_T", name, r, k, 23) for name, r, k in BENCH_SHAPES[1:3]]
-    _bench_table(out, [0, 1, 2, 3, 4, 5, 6, 7], SELECT, cases, "shipped / n = 1", lambda us, one: us[0] / one)
+    _bench_table(out, [0, 1, 2, 3, 4, 5, 6, 7, *V5_SELECT], NAMES, cases, "shipped / n = 1",
+                 lambda us, one: us[0] / one)
+
+
+def bench_v5(out=print) -> None:
+    """small-N v5 (selects 12, 13) against the shipped kernel (0) at the verify's n = 23 and each column-tile count, on
+    Q4_K_T (what the engine uploads) and Q4_K; last column: best v5 / shipped."""
+    cases = [("Q4_K_T", name, r, k, 23) for name, r, k in BENCH_SHAPES]
+    cases += [("Q4_K_T", "ffn_gate/up", 17408, 5120, n) for n in (2, 8, 16, 24, 32)]
+    cases += [("Q4_K", name, r, k, 23) for name, r, k in BENCH_SHAPES]
+    _bench_table(out, [0, *V5_SELECT], NAMES, cases, "best v5 / shipped", lambda us, one: min(us[1:]) / us[0])
 
 
 WIDE_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]
@@ -254,12 +288,17 @@ def _main(argv: list[str]) -> int:
         for qt in QTYPES:
             for rows, k in SHAPES:
                 try:
-                    check(qt, rows, k, NS, list(SELECT))
+                    check(qt, rows, k, NS, [*SELECT, *V5_SELECT])
                     check(qt, rows, k, WIDE_NS, [0, 1, *WIDE_SELECT])
+                    if qt == "Q4_K":
+                        check("Q4_K_T", fit_rows("Q4_K_T", rows), k, V5_NS, [0, *V5_SELECT])
                     print(f"PASS {qt} N{rows} K{k}", flush=True)
                 except AssertionError as exc:
                     failed += 1
                     print(f"FAIL {exc}", flush=True)
+    if "--bench-v5" in argv:
+        bench_v5()
+        return 0
     if "--bench-tiled" in argv:
         bench_tiled()
         return 0
