@@ -224,12 +224,16 @@ class DFlashTargetEngine:
         self._arenas.append(arena)
         ptr = {b.name: arena.take(b.nbytes) for b in blist}
         self._scratch = [(ptr[b.name], b.nbytes) for b in blist if b.scratch]
-        self._state = [(ptr[b.name], b.nbytes) for b in blist if b.category in ("deltanet_state", "conv_state")]
+        # zeroed by reset(): the recurrent states, and the fused decode attention's tickets (its kernel leaves them
+        # zero; zeroing them again undoes a launch that failed half way)
+        self._state = [(ptr[b.name], b.nbytes) for b in blist
+                       if b.category in ("deltanet_state", "conv_state") or b.name == "attn_tickets"]
         bufs = Buffers(**{k: ptr[k] for k in ("x", "h", "proj", "act", "qf", "gdn_scratch", "tree_q", "tree_o",
                                               "saves", "partials", "logits", "topk_scratch", "topk_ids", "parents", "positions", "masks", "path")})
         if "gemm_scratch" in ptr:  # lb_gemm_q_cublas's scratch (the cuBLAS prefill GEMMs)
             sizes = {b.name: b.nbytes for b in blist}
             bufs.gemm_scratch, bufs.gemm_scratch_bytes = ptr["gemm_scratch"], sizes["gemm_scratch"]
+        bufs.tickets = ptr["attn_tickets"]
         self._gstate, self._tokbuf = ptr["gstate"], ptr["tokens"]
         # parents .. tokens sit back to back (buffer_list's order): a verify uploads them in one copy
         index = [b for b in blist if b.category == "tree_index"]
