@@ -3,8 +3,8 @@
 // (attn_decode.cu: split-KV flash decoding) and combine_kernel do in three.
 //
 // Why: at the 27B's decode depths a layer's KV is ~2.4 MB (< 1 µs of HBM), but the three dependent
-// kernels took ~22 µs per layer on the H200 (6.9 + 7.4 + 7.5 µs, docs/perf.md "27B fused decode
-// attention"): each one pays its launch, its ramp and a round trip through global memory.
+// kernels took ~22 µs per layer on the H200 (6.9 + 7.4 + 7.5 µs; docs/perf.md, "Round 4: decode attention
+// in one kernel"): each one pays its launch, its ramp and a round trip through global memory.
 //
 // Grid (n_kv, splits), 256 threads, ~2 blocks per SM as attn_kernel (same split count and split
 // length, so both paths see the same key ranges):
