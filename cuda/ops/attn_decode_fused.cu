@@ -308,13 +308,14 @@ __global__ void __launch_bounds__(THREADS) fused_kernel(const Fused P, const int
         }
     }
     __syncthreads();
-    // thread = dim d of every head: the heads' loads of one split are independent, so up to G·4 are in flight
+    // thread = dim d of every head: the loads of 4 splits x G heads are independent, up to 32 in flight (the
+    // accumulation itself stays in split order, as combine_kernel's)
     const int d = tid;
     float o[MAX_GROUP], L[MAX_GROUP];
 #pragma unroll
     for (int r = 0; r < MAX_GROUP; ++r) o[r] = L[r] = 0.0f;
     const float* pa = P.part_acc + (size_t)g * G * HD + d;
-#pragma unroll 2
+#pragma unroll 4
     for (int s = 0; s < n_active; ++s) {
 #pragma unroll
         for (int r = 0; r < MAX_GROUP; ++r) {
@@ -357,30 +358,33 @@ struct Args {
     float eps, theta;
 };
 
+// LUCEBOX_ATTN_DECODE=split: the engine's former calls, lb_attn_prep(_at) with t = 1 then lb_attn_decode(_at)
+// (prep_kernel, attn_kernel<8>, combine_kernel).
+cudaError_t three_kernels(const Args& A, int kv_dtype, int pos0, const int32_t* pos_dev, cudaStream_t s) {
+    cudaError_t e = (cudaError_t)prep(A.qg, A.nh * 2 * HD, A.k, A.v, A.nkv * HD, A.q_norm, A.k_norm, nullptr, pos0,
+                                      A.qf, A.kc, A.vc, kv_dtype, 1, A.nh, A.nkv, A.max_ctx, A.rope_dims, A.eps,
+                                      A.theta, s, pos_dev);
+    if (e != cudaSuccess) return e;
+    Params P{};
+    P.qf = A.qf;
+    P.kc = A.kc;
+    P.vc = A.vc;
+    P.gate = A.qg + HD;
+    P.gate_ld = A.nh * 2 * HD;
+    P.gate_hs = 2 * HD;
+    P.out = A.out;
+    P.Tq = 1;
+    P.pos0 = pos0;
+    P.nh = A.nh;
+    P.nkv = A.nkv;
+    P.group = A.nh / A.nkv;
+    P.max_ctx = A.max_ctx;
+    return (cudaError_t)run(P, kv_dtype, A.partials, A.max_splits, s, pos_dev);
+}
+
 // One decode step at row pos0 (or *pos_dev): fused, or the three kernels under LUCEBOX_ATTN_DECODE=split.
 cudaError_t decode_fused(const Args& A, int kv_dtype, int pos0, const int32_t* pos_dev, cudaStream_t s) {
-    if (decode_split()) {
-        // the engine's former calls: lb_attn_prep(_at) with t = 1, then lb_attn_decode(_at)
-        cudaError_t e = (cudaError_t)prep(A.qg, A.nh * 2 * HD, A.k, A.v, A.nkv * HD, A.q_norm, A.k_norm, nullptr, pos0,
-                                          A.qf, A.kc, A.vc, kv_dtype, 1, A.nh, A.nkv, A.max_ctx, A.rope_dims, A.eps,
-                                          A.theta, s, pos_dev);
-        if (e != cudaSuccess) return e;
-        Params P{};
-        P.qf = A.qf;
-        P.kc = A.kc;
-        P.vc = A.vc;
-        P.gate = A.qg + HD;
-        P.gate_ld = A.nh * 2 * HD;
-        P.gate_hs = 2 * HD;
-        P.out = A.out;
-        P.Tq = 1;
-        P.pos0 = pos0;
-        P.nh = A.nh;
-        P.nkv = A.nkv;
-        P.group = A.nh / A.nkv;
-        P.max_ctx = A.max_ctx;
-        return (cudaError_t)run(P, kv_dtype, A.partials, A.max_splits, s, pos_dev);
-    }
+    if (decode_split()) return three_kernels(A, kv_dtype, pos0, pos_dev, s);
     // attn::run's decode split count: about two blocks per SM, at most max_splits; with the position on the
     // device it can not follow the context (fixed for a graph), on the host never a split shorter than a tile
     int splits = 1;

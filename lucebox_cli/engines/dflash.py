@@ -81,6 +81,15 @@ def graphs_default() -> bool:
     return os.environ.get("LUCEBOX_GRAPHS", "1") != "0"
 
 
+def attn_decode_path(fused: bool, env: Optional[dict] = None) -> str:
+    """How a decode step's attention runs, for the bench rows: 'fused' (lb_attn_decode_fused: one kernel),
+    'split' (the same call under LUCEBOX_ATTN_DECODE=split, which the C library reads: prep, attention and
+    combine kernels) or 'prep+decode' (a library without the fused entry point: two calls)."""
+    if not fused:
+        return "prep+decode"
+    return "split" if (os.environ if env is None else env).get("LUCEBOX_ATTN_DECODE") == "split" else "fused"
+
+
 def prefill_gemm_path(lib: Any, env: Optional[dict] = None) -> str:
     """'cublas' or 'own': the 27B prefill's wide GEMMs, from LUCEBOX_PREFILL_GEMM (engines/cublas.py's gemm_mode:
     auto, own or cublas; default auto = cublas when the library's cuBLAS is ready). cublas without a loaded cuBLAS
@@ -191,6 +200,7 @@ class DFlashTargetEngine:
                      "max_context": self.max_context, "upload_s": round(self.load_s, 2),
                      "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
                      "prefill_rows": self.prefill_rows,
+                     "attn_decode": attn_decode_path(self._layers.fused_decode),
                      # in every bench row: a run says how it was made
                      "q4k_tile": any(e.tiled and e.ggml_type == "Q4_K" for e in entries),
                      "q6k_tile": any(e.tiled and e.ggml_type == "Q6_K" for e in entries)}

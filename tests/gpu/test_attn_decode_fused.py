@@ -148,7 +148,8 @@ def test_fused_decode(kv, nh, nkv, n_ctx, splits, form):
     assert_close(got, want, TOL, "fused vs reference")
     check_rows(c, kc, vc, k_row, v_bits, "fused")
     assert not tickets.any(), f"tickets left at {tickets}"
-    assert (qf == 0xFFFFFFFF).all(), "the fused kernel wrote qf (LUCEBOX_ATTN_DECODE=split set?)"
+    if os.environ.get("LUCEBOX_ATTN_DECODE") != "split":  # (under the switch the three kernels write qf)
+        assert (qf == 0xFFFFFFFF).all(), "the fused kernel wrote qf"
     ref, kc_s, vc_s = run_split(c, form, splits)
     assert not np.isnan(ref).any()
     err = rel_rms(got, ref)

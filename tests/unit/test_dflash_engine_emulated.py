@@ -382,6 +382,7 @@ def test_decode_step_attention_calls(gguf, cpu_model, fused):
     gpu = DFlashTargetEngine(gguf, max_context=256, budget=22, lib=lib, card_bytes=8 << 30)
     cpu = CPUEngine(cfg, weights, max_context=256)
     assert gpu._layers.fused_decode == fused
+    assert gpu.info["attn_decode"] == ("fused" if fused else "prep+decode")
     prompt = [5, 17, 99, 3]
     gpu.prefill(prompt)
     cpu.prefill(prompt)
@@ -422,3 +423,12 @@ def test_tickets_are_state_in_the_plan(gguf):
     bufs = {b.name: b for b in mp.buffer_list(cfg, context=256, budget=22)}
     t = bufs["attn_tickets"]
     assert not t.scratch and t.nbytes >= 4 * cfg.n_kv_heads and t.category == "attn_partials"
+
+
+def test_attn_decode_path_names_the_switch():
+    from lucebox_cli.engines.dflash import attn_decode_path
+
+    assert attn_decode_path(True, {}) == "fused"
+    assert attn_decode_path(True, {"LUCEBOX_ATTN_DECODE": "split"}) == "split"
+    assert attn_decode_path(True, {"LUCEBOX_ATTN_DECODE": "other"}) == "fused"
+    assert attn_decode_path(False, {"LUCEBOX_ATTN_DECODE": "split"}) == "prep+decode"
