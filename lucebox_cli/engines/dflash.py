@@ -200,8 +200,8 @@ class DFlashTargetEngine:
                      "max_context": self.max_context, "upload_s": round(self.load_s, 2),
                      "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
                      "prefill_rows": self.prefill_rows,
-                     "attn_decode": attn_decode_path(self._layers.fused_decode),
                      # in every bench row: a run says how it was made
+                     "attn_decode": attn_decode_path(self._layers.fused_decode),
                      "q4k_tile": any(e.tiled and e.ggml_type == "Q4_K" for e in entries),
                      "q6k_tile": any(e.tiled and e.ggml_type == "Q6_K" for e in entries)}
         self.last_verify_ms: Optional[float] = None

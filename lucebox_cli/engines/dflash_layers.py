@@ -441,7 +441,7 @@ class Layers:
         qg, k, v = regs  # qg [t, nh * 512]: per head [q | gate]
         self.matmuls((pre + "attn_q.weight", pre + "attn_k.weight", pre + "attn_v.weight"), b.h, [qg, k, v], p.t)
         if p.mode == "step" and self.fused_decode:
-            # one kernel: norms, RoPE, the cache row, split-KV attention and the merge (~22 -> one launch per layer)
+            # one kernel for what prep + decode launch as three: norms, RoPE, the cache row, split-KV attention, merge
             fn, pos = ("lb_attn_decode_fused_at", self.state) if p.dev else ("lb_attn_decode_fused", p.pos0)
             self._call(fn, qg, k, v, self.v[pre + "attn_q_norm.weight"], self.v[pre + "attn_k_norm.weight"], pos, b.qf,
                        L.kc, L.vc, KV_F16, b.act, b.partials, ATTN_SPLITS_ONE, b.tickets, nh, nkv, self.max_ctx,
