@@ -386,6 +386,23 @@ LB_API int lb_attn_decode_at(const void* qf, const void* k_cache, const void* v_
 LB_API int lb_attn_tree_at(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype, const void* gate,
                            int gate_ld, int gate_hs, void* out, void* partials, int max_splits, const void* masks,
                            int n, const void* n_past_dev, int n_heads, int n_kv_heads, int max_ctx, void* stream);
+/* One decode step (t = 1) of a layer in one kernel (cuda/ops/attn_decode_fused.cu): lb_attn_prep of the
+ * token at row n_past (qg [n_heads*512], k / v [n_kv_heads*256]; K, V into cache row n_past) and
+ * lb_attn_decode over rows [0, n_past] with the gate from qg (gate_ld = n_heads*512, gate_hs = 512);
+ * out fp32 [n_heads*256]. Split-KV (partials of lb_attn_partials_bytes(1, n_heads, max_splits) bytes and
+ * max_splits > 1) needs tickets: n_kv_heads uint32 counters, zero before the first call; every call
+ * leaves them zero. qf (fp32 [n_heads*256]) is scratch, written only under LUCEBOX_ATTN_DECODE=split
+ * (read once per process), which runs lb_attn_prep + lb_attn_decode's three kernels instead. */
+LB_API int lb_attn_decode_fused(const void* qg, const void* k, const void* v, const void* q_norm, const void* k_norm,
+                                int n_past, void* qf, void* k_cache, void* v_cache, int kv_dtype, void* out,
+                                void* partials, int max_splits, void* tickets, int n_heads, int n_kv_heads,
+                                int max_ctx, int rope_dims, float eps, float theta, void* stream);
+/* lb_attn_decode_fused with n_past = *n_past_dev (graph form; the caller keeps *n_past_dev < max_ctx). */
+LB_API int lb_attn_decode_fused_at(const void* qg, const void* k, const void* v, const void* q_norm,
+                                   const void* k_norm, const void* n_past_dev, void* qf, void* k_cache, void* v_cache,
+                                   int kv_dtype, void* out, void* partials, int max_splits, void* tickets,
+                                   int n_heads, int n_kv_heads, int max_ctx, int rope_dims, float eps, float theta,
+                                   void* stream);
 
 /* ================================================================================================
  * Megakernel (cuda/megakernel/*.cu): persistent 0.8B decode kernel behind an opaque handle.

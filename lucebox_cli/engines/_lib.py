@@ -210,6 +210,13 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_attn_tree_at": (c_int, [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p,
                                 ctypes.c_void_p, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p] + [c_int] * 3
                         + [ctypes.c_void_p]),
+    # one kernel per decode step and layer (cuda/ops/attn_decode_fused.cu): n_past on the host / on the device
+    "lb_attn_decode_fused": (c_int, [ctypes.c_void_p] * 5 + [c_int] + [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p,
+                                     ctypes.c_void_p, c_int, ctypes.c_void_p] + [c_int] * 4
+                             + [ctypes.c_float, ctypes.c_float, ctypes.c_void_p]),
+    "lb_attn_decode_fused_at": (c_int, [ctypes.c_void_p] * 9 + [c_int, ctypes.c_void_p, ctypes.c_void_p, c_int,
+                                                                ctypes.c_void_p] + [c_int] * 4
+                                + [ctypes.c_float, ctypes.c_float, ctypes.c_void_p]),
     # megakernel
     "lb_mk_create": (c_int, [POINTER(MkConfig), POINTER(ctypes.c_void_p)]),
     "lb_mk_free": (c_int, [ctypes.c_void_p]),

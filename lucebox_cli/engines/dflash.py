@@ -81,6 +81,15 @@ def graphs_default() -> bool:
     return os.environ.get("LUCEBOX_GRAPHS", "1") != "0"
 
 
+def attn_decode_path(fused: bool, env: Optional[dict] = None) -> str:
+    """How a decode step's attention runs, for the bench rows: 'fused' (lb_attn_decode_fused: one kernel),
+    'split' (the same call under LUCEBOX_ATTN_DECODE=split, which the C library reads: prep, attention and
+    combine kernels) or 'prep+decode' (a library without the fused entry point: two calls)."""
+    if not fused:
+        return "prep+decode"
+    return "split" if (os.environ if env is None else env).get("LUCEBOX_ATTN_DECODE") == "split" else "fused"
+
+
 def prefill_gemm_path(lib: Any, env: Optional[dict] = None) -> str:
     """'cublas' or 'own': the 27B prefill's wide GEMMs, from LUCEBOX_PREFILL_GEMM (engines/cublas.py's gemm_mode:
     auto, own or cublas; default auto = cublas when the library's cuBLAS is ready). cublas without a loaded cuBLAS
@@ -192,6 +201,7 @@ class DFlashTargetEngine:
                      "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
                      "prefill_rows": self.prefill_rows,
                      # in every bench row: a run says how it was made
+                     "attn_decode": attn_decode_path(self._layers.fused_decode),
                      "q4k_tile": any(e.tiled and e.ggml_type == "Q4_K" for e in entries),
                      "q6k_tile": any(e.tiled and e.ggml_type == "Q6_K" for e in entries)}
         self.last_verify_ms: Optional[float] = None
@@ -224,12 +234,16 @@ class DFlashTargetEngine:
         self._arenas.append(arena)
         ptr = {b.name: arena.take(b.nbytes) for b in blist}
         self._scratch = [(ptr[b.name], b.nbytes) for b in blist if b.scratch]
-        self._state = [(ptr[b.name], b.nbytes) for b in blist if b.category in ("deltanet_state", "conv_state")]
+        # zeroed by reset(): the recurrent states, and the fused decode attention's tickets (its kernel leaves them
+        # zero; zeroing them again undoes a launch that failed half way)
+        self._state = [(ptr[b.name], b.nbytes) for b in blist
+                       if b.category in ("deltanet_state", "conv_state") or b.name == "attn_tickets"]
         bufs = Buffers(**{k: ptr[k] for k in ("x", "h", "proj", "act", "qf", "gdn_scratch", "tree_q", "tree_o",
                                               "saves", "partials", "logits", "topk_scratch", "topk_ids", "parents", "positions", "masks", "path")})
         if "gemm_scratch" in ptr:  # lb_gemm_q_cublas's scratch (the cuBLAS prefill GEMMs)
             sizes = {b.name: b.nbytes for b in blist}
             bufs.gemm_scratch, bufs.gemm_scratch_bytes = ptr["gemm_scratch"], sizes["gemm_scratch"]
+        bufs.tickets = ptr["attn_tickets"]
         self._gstate, self._tokbuf = ptr["gstate"], ptr["tokens"]
         # parents .. tokens sit back to back (buffer_list's order): a verify uploads them in one copy
         index = [b for b in blist if b.category == "tree_index"]

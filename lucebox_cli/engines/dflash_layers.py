@@ -115,6 +115,8 @@ class Buffers:
     # lb_gemm_q_cublas's scratch (0: the cuBLAS prefill GEMM is off)
     gemm_scratch: int = 0
     gemm_scratch_bytes: int = 0
+    # uint32 [n_kv] tickets of lb_attn_decode_fused (0: none; decode steps then issue prep + decode)
+    tickets: int = 0
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,10 @@ class Layers:
         # products of at least this many columns go through lb_gemm_q_cublas when its scratch is there; above CHUNK,
         # so verifies and decode steps (the captured passes) never call cuBLAS
         self.cublas_min_rows = max(CUBLAS_MIN_ROWS, CHUNK + 1)
+        # a decode step's attention as one C call (lb_attn_decode_fused: prep, split-KV attention and combine in one
+        # kernel) where the library has it and the engine carved its tickets; else lb_attn_prep + lb_attn_decode
+        fn = getattr(lib, "fn", None)
+        self.fused_decode = bufs.tickets != 0 and fn is not None and hasattr(fn, "lb_attn_decode_fused")
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
@@ -464,6 +470,14 @@ class Layers:
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qg, k, v = regs  # qg [t, nh * 512]: per head [q | gate]
         self.matmuls((pre + "attn_q.weight", pre + "attn_k.weight", pre + "attn_v.weight"), b.h, [qg, k, v], p.t)
+        if p.mode == "step" and self.fused_decode:
+            # one kernel for what prep + decode launch as three: norms, RoPE, the cache row, split-KV attention, merge
+            fn, pos = ("lb_attn_decode_fused_at", self.state) if p.dev else ("lb_attn_decode_fused", p.pos0)
+            self._call(fn, qg, k, v, self.v[pre + "attn_q_norm.weight"], self.v[pre + "attn_k_norm.weight"], pos, b.qf,
+                       L.kc, L.vc, KV_F16, b.act, b.partials, ATTN_SPLITS_ONE, b.tickets, nh, nkv, self.max_ctx,
+                       cfg.rope_dims, cfg.eps, cfg.rope_theta, self.stream)
+            self.matmul(pre + "attn_output.weight", b.act, b.x, p.t)
+            return
         # tree slots sit at positions n_past + depth but in cache rows n_past + slot
         positions = b.positions if p.mode == "tree" else None
         prep = ("lb_attn_prep_at", self.state) if p.dev else ("lb_attn_prep", p.pos0)

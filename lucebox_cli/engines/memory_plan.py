@@ -253,6 +253,9 @@ def buffer_list(cfg: Qwen35Config, *, context: int, budget: int, prefill_rows: i
     add("tree_saves", "saves", max(slots - 1, 1) * cfg.hv * cfg.dk * cfg.dv * 4, True)
     add("attn_partials", "partials", max(attn_partials(1, cfg.n_heads, ATTN_SPLITS_ONE),
                                          attn_partials(rows, cfg.n_heads, ATTN_SPLITS_MANY), 4), True)
+    # the fused decode attention's per-kv-head tickets (lb_attn_decode_fused): zero between calls, so state
+    # (the engine zeroes it at reset), not scratch (a NaN-poisoned counter would never reach its last block)
+    add("attn_partials", "attn_tickets", 4 * cfg.n_kv_heads, False)
     add("logits", "logits", CHUNK * cfg.vocab * 4, True)
     add("argmax", "topk_scratch", topk_scratch(CHUNK, cfg.vocab, TOPK_MAX_K), True)
     add("argmax", "topk_ids", CHUNK * TOPK_MAX_K * 4, True)

@@ -43,7 +43,7 @@ class _Fns:
 
     def __getattr__(self, name: str):
         if not name.startswith("lb_") or (name in _GRAPH_API and not self._lib.graphs) or (
-                name in _BLAS_API and not self._lib.blas):
+                name in _BLAS_API and not self._lib.blas) or (name in _FUSED_API and not self._lib.fused):
             raise AttributeError(name)
         op = getattr(self._lib, name)
         lib = self._lib
@@ -69,7 +69,9 @@ class _Fns:
 _GRAPH_API = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb_graph_destroy", "lb_event_create",
                         "lb_event_record", "lb_event_query", "lb_event_sync", "lb_event_destroy", "lb_host_alloc",
                         "lb_host_free", "lb_attn_prep_at", "lb_attn_decode_at", "lb_attn_tree_at", "lb_df_embed_q",
-                        "lb_df_greedy_advance"})
+                        "lb_df_greedy_advance", "lb_attn_decode_fused_at"})
+# what a FakeLib(fused=False) lacks: the one-kernel decode attention (the engine then issues prep + decode)
+_FUSED_API = frozenset({"lb_attn_decode_fused", "lb_attn_decode_fused_at"})
 # what a FakeLib(blas=False) lacks: the cuBLAS prefill GEMM (a library whose lb::blas is ready offers all three)
 _BLAS_API = frozenset({"lb_blas_ready", "lb_gemm_q_cublas", "lb_gemm_q_cublas_scratch_bytes", "lb_f32_to_f16",
                        "lb_gemm_q_cublas_x16"})
@@ -86,9 +88,10 @@ _UNSAFE_IN_CAPTURE = frozenset({"lb_dev_alloc", "lb_dev_free", "lb_dev_h2d", "lb
 class FakeLib:
     """`call(name, *args)` and `check(status, what)` like _lib.Lib; `fn.<name>` like its ctypes functions."""
 
-    def __init__(self, graphs: bool = False, blas: bool = False):
+    def __init__(self, graphs: bool = False, blas: bool = False, fused: bool = True):
         self.graphs = graphs  # offer the graph API (engines then replay CUDA graphs by default)
         self.blas = blas  # a loaded cuBLAS: lb_blas_ready() = 1 and lb_gemm_q_cublas
+        self.fused = fused  # offer lb_attn_decode_fused (its _at form with the graph API)
         self._mem: dict[int, np.ndarray] = {}
         self._wcache: dict[tuple, np.ndarray] = {}
         self.calls: list[str] = []
@@ -419,6 +422,23 @@ class FakeLib:
     def lb_attn_tree_at(self, qf, kc, vc, kvd, gate, gl, gh, out, part, ms, masks, n, n_past_dev, nh, nkv, max_ctx, s):
         n_past = int(view(n_past_dev, np.int32, 1)[0])
         self.lb_attn_tree(qf, kc, vc, kvd, gate, gl, gh, out, part, ms, masks, n, n_past, nh, nkv, max_ctx, s)
+
+    def lb_attn_decode_fused(self, qg, k, v, qn, kn, n_past, qf, kc, vc, kvd, out, part, ms, tickets, nh, nkv,
+                             max_ctx, rope_dims, eps, theta, s):
+        """prep + decode of one token (the fused kernel's math). The tickets must be zero at every call (the
+        kernel leaves them so; the engine zeroes them once): fresh fake memory is 0xFF, so a missing zeroing shows."""
+        if part and ms > 1:
+            assert tickets and not view(tickets, np.uint32, nkv).any(), "lb_attn_decode_fused: tickets not zero"
+        self.lb_attn_prep(qg, 2 * nh * 256, k, v, nkv * 256, qn, kn, None, n_past, qf, kc, vc, kvd, 1, nh, nkv, max_ctx,
+                          rope_dims, eps, theta, s)
+        self.lb_attn_decode(qf, kc, vc, kvd, qg + 256 * 4, 2 * nh * 256, 2 * 256, out, part, ms, n_past + 1, nh, nkv,
+                            max_ctx, s)
+
+    def lb_attn_decode_fused_at(self, qg, k, v, qn, kn, n_past_dev, qf, kc, vc, kvd, out, part, ms, tickets, nh, nkv,
+                                max_ctx, rope_dims, eps, theta, s):
+        n_past = int(view(n_past_dev, np.int32, 1)[0])
+        self.lb_attn_decode_fused(qg, k, v, qn, kn, n_past, qf, kc, vc, kvd, out, part, ms, tickets, nh, nkv, max_ctx,
+                                  rope_dims, eps, theta, s)
 
     def _attn(self, qf, kc, vc, gate, gate_ld, gate_hs, out, t, rows, mask, nh, nkv, max_ctx):
         hd = 256

@@ -369,3 +369,66 @@ def test_q6k_tile_is_on_by_default_and_off_by_switch(gguf, cpu_model, monkeypatc
     gpu, _, _ = engines(gguf, cpu_model)
     assert not gpu.info["q6k_tile"] and 270 not in {w.qtype for w in gpu._layers.m.values()}
     gpu.close()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "prep+decode"])
+def test_decode_step_attention_calls(gguf, cpu_model, fused):
+    """A decode step's attention is one lb_attn_decode_fused call per attention layer where the library has it
+    (prep, split-KV attention and merge in one kernel), else lb_attn_prep + lb_attn_decode; the logits stay the
+    CPU engine's either way, and the tickets the fused call takes are carved state (not scratch: poisoning
+    leaves them zero, the fake asserts so at every call), zeroed again by reset()."""
+    cfg, weights = cpu_model
+    lib = FakeLib(fused=fused)
+    gpu = DFlashTargetEngine(gguf, max_context=256, budget=22, lib=lib, card_bytes=8 << 30)
+    cpu = CPUEngine(cfg, weights, max_context=256)
+    assert gpu._layers.fused_decode == fused
+    assert gpu.info["attn_decode"] == ("fused" if fused else "prep+decode")
+    prompt = [5, 17, 99, 3]
+    gpu.prefill(prompt)
+    cpu.prefill(prompt)
+    gpu.poison()
+    lib.log = []
+    got, ref = gpu.step(42), cpu.step(42)
+    log, lib.log = [n for n, _ in lib.log], None
+    assert rel(got, ref) < TOL
+    n_attn = sum(cfg.is_attention(i) for i in range(cfg.n_layers))
+    assert n_attn > 0
+    if fused:
+        assert log.count("lb_attn_decode_fused") == n_attn
+        assert "lb_attn_prep" not in log and "lb_attn_decode" not in log
+    else:
+        assert log.count("lb_attn_prep") == n_attn and log.count("lb_attn_decode") == n_attn
+        assert "lb_attn_decode_fused" not in log
+    # a verify and a prefill keep prep + tree / causal
+    lib.log = []
+    gpu.verify(branched_tree(3, 5, cfg.vocab))
+    assert "lb_attn_prep" in [n for n, _ in lib.log] and "lb_attn_decode_fused" not in [n for n, _ in lib.log]
+    lib.log = None
+    # reset() zeroes the tickets (a launch that failed half way would leave a count behind)
+    from dflash_fake_lib import view
+
+    tickets = view(gpu._bufs.tickets, np.uint32, cfg.n_kv_heads)
+    tickets[:] = 7
+    gpu.reset()
+    assert not tickets.any()
+    gpu.close()
+
+
+def test_tickets_are_state_in_the_plan(gguf):
+    from lucebox_cli.engines import memory_plan as mp
+    from lucebox_cli.models.qwen35_gguf import read_model_config
+    from lucebox_cli.gguf_io import GGUFModel
+
+    cfg = read_model_config(GGUFModel(gguf))
+    bufs = {b.name: b for b in mp.buffer_list(cfg, context=256, budget=22)}
+    t = bufs["attn_tickets"]
+    assert not t.scratch and t.nbytes >= 4 * cfg.n_kv_heads and t.category == "attn_partials"
+
+
+def test_attn_decode_path_names_the_switch():
+    from lucebox_cli.engines.dflash import attn_decode_path
+
+    assert attn_decode_path(True, {}) == "fused"
+    assert attn_decode_path(True, {"LUCEBOX_ATTN_DECODE": "split"}) == "split"
+    assert attn_decode_path(True, {"LUCEBOX_ATTN_DECODE": "other"}) == "fused"
+    assert attn_decode_path(False, {"LUCEBOX_ATTN_DECODE": "split"}) == "prep+decode"

@@ -214,3 +214,28 @@ def test_engine_info_says_whether_graphs_run(tmp_path):
         assert eng.info["cuda_graphs"] is eng.use_graphs
     finally:
         eng.close()
+
+
+def test_captured_step_runs_the_fused_attention_at(gguf):
+    """The step graph holds lb_attn_decode_fused_at (n_past read at replay), the uncaptured step the host form;
+    both give the same logits at every position (covered by test_graphs_equal_programs), and graph replays
+    leave the tickets zero (the fake asserts it at every fused call)."""
+    ids = np.random.default_rng(5).integers(0, 4096, 9)
+    eng, lib = engine(gguf, graphs=True)
+    eng.prefill(ids)
+    lib.log = []
+    tok = 1
+    for _ in range(3):
+        tok = int(np.argmax(eng.step(tok)))
+    names = [n for n, _ in lib.log]
+    lib.log = None
+    n_attn = sum(eng.cfg.is_attention(i) for i in range(eng.cfg.n_layers))
+    # recorded once at capture (the fake runs the record at each launch, outside the log)
+    assert names.count("lb_attn_decode_fused_at") == n_attn and "lb_attn_prep_at" not in names
+    eng.use_graphs = False
+    lib.log = []
+    eng.step(tok)
+    names = [n for n, _ in lib.log]
+    lib.log = None
+    assert names.count("lb_attn_decode_fused") == n_attn and "lb_attn_decode_fused_at" not in names
+    eng.close()
