@@ -62,8 +62,6 @@ namespace {
 
 constexpr int FUSED_RMAX = 8;                                  // value heads per key head the kernel takes
 constexpr int FUSED_MAX_THREADS = FUSED_RMAX * DELTA_THREADS;  // 2r warps of 32
-constexpr int QK_CHUNKS = 2 * D / 32;                          // q / k channels in warp-sized chunks: 4 q, 4 k
-constexpr int QK_PER_WARP = QK_CHUNKS / 2;                     // chunks a warp takes at most (2 warps, r = 1)
 
 __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     decode_fused_kernel(const float* __restrict__ pre, const float* __restrict__ a, const float* __restrict__ b,
@@ -72,6 +70,8 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
                         const float* __restrict__ norm_w, float* __restrict__ conv_state,
                         float* __restrict__ state, float* __restrict__ y, int hk, int hv, float eps) {
 #if LB_HAS_SM90
+    constexpr int QK_CHUNKS = 2 * D / 32;       // q / k channels in warp-sized chunks: 4 q, 4 k
+    constexpr int QK_PER_WARP = QK_CHUNKS / 2;  // chunks a warp takes at most (2 warps, r = 1)
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
 
