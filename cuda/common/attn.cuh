@@ -43,6 +43,26 @@ __device__ __forceinline__ uint16_t f2kv(float x) {
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// One row of a flash-attention online softmax over a key tile, called by every lane of one warp for the same row:
+// the lane's score *p (-inf: masked) becomes exp(score - new max) in place, and lane 0 moves the row's running max
+// m and sum l and stores alpha, the factor the row's accumulators are rescaled by. Shared by the decode, causal
+// prefill and fused decode kernels so that all three round the same way.
+__device__ __forceinline__ void online_softmax_row(float* p, float& m, float& l, float& alpha, int lane) {
+    const float val = *p;
+    const float m_old = m;
+    const float m_new = fmaxf(m_old, lb::warp_max(val));
+    const float pexp = val == -INFINITY ? 0.0f : expf(val - m_new);
+    const float sum = lb::warp_sum(pexp);
+    *p = pexp;
+    __syncwarp();
+    if (lane == 0) {
+        const float a = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        alpha = a;
+        l = l * a + sum;
+        m = m_new;
+    }
+}
+
 // One attention launch: Tq queries over the cache of one layer, with either a causal rule (mask ==
 // nullptr: query t sits at position pos0 + t and sees rows [0, pos0 + t]) or a tree rule (mask != nullptr:
 // every query sees the committed rows [0, pos0) plus rows pos0 + j for each bit j of mask[t]; the tree

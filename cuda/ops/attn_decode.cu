@@ -175,19 +175,7 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P, const int
 #pragma unroll
         for (int a = 0; a < R / 8; ++a) {
             const int r = warp * (R / 8) + a;
-            const float val = Ps[lane * PR + r];
-            const float m_old = mrow[r];
-            const float m_new = fmaxf(m_old, lb::warp_max(val));
-            const float pexp = val == -INFINITY ? 0.0f : expf(val - m_new);
-            const float sum = lb::warp_sum(pexp);
-            Ps[lane * PR + r] = pexp;
-            __syncwarp();
-            if (lane == 0) {
-                const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-                arow[r] = alpha;
-                lrow[r] = lrow[r] * alpha + sum;
-                mrow[r] = m_new;
-            }
+            online_softmax_row(&Ps[lane * PR + r], mrow[r], lrow[r], arow[r], lane);
         }
         __syncthreads();
 #pragma unroll

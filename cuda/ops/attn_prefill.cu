@@ -159,19 +159,7 @@ __global__ void __launch_bounds__(256) attn_flash_kernel(const float* __restrict
 #pragma unroll
         for (int a = 0; a < RW; ++a) {
             const int r = warp * RW + a;
-            const float val = Ps[r * PP + lane];
-            const float m_old = mrow[r];
-            const float m_new = fmaxf(m_old, lb::warp_max(val));
-            const float pexp = val == -INFINITY ? 0.0f : expf(val - m_new);
-            const float sum = lb::warp_sum(pexp);
-            Ps[r * PP + lane] = pexp;
-            __syncwarp();
-            if (lane == 0) {
-                const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-                arow[r] = alpha;
-                lrow[r] = lrow[r] * alpha + sum;
-                mrow[r] = m_new;
-            }
+            attn::online_softmax_row(&Ps[r * PP + lane], mrow[r], lrow[r], arow[r], lane);
         }
         __syncthreads();
         // acc = alpha acc + P V
