@@ -43,6 +43,37 @@ __device__ __forceinline__ uint16_t f2kv(float x) {
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// The split-KV tile's second half for one thread: rescale its R/2 rows of accumulators (dims 2dp, 2dp + 1) by the
+// rows' alpha, then add P · V over the tile's BKV keys. P rows pitch PR floats in Ps, keyed [key][row]; V rows of
+// KW 32-bit words (two dims each). R a multiple of 8. Shared by attn_kernel<R> and the fused decode kernel.
+template <int R, int KVT, int PR, int KW>
+__device__ __forceinline__ void rescale_accumulate_pv(float (&acc)[R / 2][2], const float* arow, const float* Ps,
+                                                      const uint32_t* Vs, int rb, int dp) {
+#pragma unroll
+    for (int a = 0; a < R / 2; ++a) {
+        const float al = arow[rb * (R / 2) + a];
+        acc[a][0] *= al;
+        acc[a][1] *= al;
+    }
+#pragma unroll 2
+    for (int j = 0; j < BKV; ++j) {
+        const float2 vf = kv2f<KVT>(Vs[j * KW + dp]);
+        const float4* p4 = reinterpret_cast<const float4*>(Ps + j * PR + rb * (R / 2));
+#pragma unroll
+        for (int a4 = 0; a4 < R / 8; ++a4) {
+            const float4 pr = p4[a4];
+            acc[4 * a4 + 0][0] = fmaf(pr.x, vf.x, acc[4 * a4 + 0][0]);
+            acc[4 * a4 + 0][1] = fmaf(pr.x, vf.y, acc[4 * a4 + 0][1]);
+            acc[4 * a4 + 1][0] = fmaf(pr.y, vf.x, acc[4 * a4 + 1][0]);
+            acc[4 * a4 + 1][1] = fmaf(pr.y, vf.y, acc[4 * a4 + 1][1]);
+            acc[4 * a4 + 2][0] = fmaf(pr.z, vf.x, acc[4 * a4 + 2][0]);
+            acc[4 * a4 + 2][1] = fmaf(pr.z, vf.y, acc[4 * a4 + 2][1]);
+            acc[4 * a4 + 3][0] = fmaf(pr.w, vf.x, acc[4 * a4 + 3][0]);
+            acc[4 * a4 + 3][1] = fmaf(pr.w, vf.y, acc[4 * a4 + 3][1]);
+        }
+    }
+}
+
 // One row of a flash-attention online softmax over a key tile, called by every lane of one warp for the same row:
 // the lane's score *p (-inf: masked) becomes exp(score - new max) in place, and lane 0 moves the row's running max
 // m and sum l and stores alpha, the factor the row's accumulators are rescaled by. Shared by the decode, causal

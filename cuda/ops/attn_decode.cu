@@ -178,29 +178,7 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P, const int
             online_softmax_row(&Ps[lane * PR + r], mrow[r], lrow[r], arow[r], lane);
         }
         __syncthreads();
-#pragma unroll
-        for (int a = 0; a < R / 2; ++a) {
-            const float al = arow[rb * (R / 2) + a];
-            acc[a][0] *= al;
-            acc[a][1] *= al;
-        }
-#pragma unroll 2
-        for (int j = 0; j < BKV; ++j) {
-            const float2 vf = kv2f<KVT>(Vs[j * KW + dp]);
-            const float4* p4 = reinterpret_cast<const float4*>(Ps + j * PR + rb * (R / 2));
-#pragma unroll
-            for (int a4 = 0; a4 < R / 8; ++a4) {
-                const float4 pr = p4[a4];
-                acc[4 * a4 + 0][0] = fmaf(pr.x, vf.x, acc[4 * a4 + 0][0]);
-                acc[4 * a4 + 0][1] = fmaf(pr.x, vf.y, acc[4 * a4 + 0][1]);
-                acc[4 * a4 + 1][0] = fmaf(pr.y, vf.x, acc[4 * a4 + 1][0]);
-                acc[4 * a4 + 1][1] = fmaf(pr.y, vf.y, acc[4 * a4 + 1][1]);
-                acc[4 * a4 + 2][0] = fmaf(pr.z, vf.x, acc[4 * a4 + 2][0]);
-                acc[4 * a4 + 2][1] = fmaf(pr.z, vf.y, acc[4 * a4 + 2][1]);
-                acc[4 * a4 + 3][0] = fmaf(pr.w, vf.x, acc[4 * a4 + 3][0]);
-                acc[4 * a4 + 3][1] = fmaf(pr.w, vf.y, acc[4 * a4 + 3][1]);
-            }
-        }
+        rescale_accumulate_pv<R, KVT, PR, KW>(acc, arow, Ps, Vs, rb, dp);
     }
     __syncthreads();
 #pragma unroll

@@ -225,25 +225,7 @@ __global__ void __launch_bounds__(THREADS) fused_kernel(const Fused P, const int
             online_softmax_row(&Ps[lane * PR + r], mrow[r], lrow[r], arow[r], lane);
         }
         __syncthreads();
-#pragma unroll
-        for (int a = 0; a < R / 2; ++a) {
-            const float al = arow[rb * (R / 2) + a];
-            acc[a][0] *= al;
-            acc[a][1] *= al;
-        }
-#pragma unroll 2
-        for (int j = 0; j < BKV; ++j) {
-            const float2 vf = kv2f<KVT>(Vs[j * KW + dp]);
-            const float4 pr = *reinterpret_cast<const float4*>(Ps + j * PR + rb * (R / 2));
-            acc[0][0] = fmaf(pr.x, vf.x, acc[0][0]);
-            acc[0][1] = fmaf(pr.x, vf.y, acc[0][1]);
-            acc[1][0] = fmaf(pr.y, vf.x, acc[1][0]);
-            acc[1][1] = fmaf(pr.y, vf.y, acc[1][1]);
-            acc[2][0] = fmaf(pr.z, vf.x, acc[2][0]);
-            acc[2][1] = fmaf(pr.z, vf.y, acc[2][1]);
-            acc[3][0] = fmaf(pr.w, vf.x, acc[3][0]);
-            acc[3][1] = fmaf(pr.w, vf.y, acc[3][1]);
-        }
+        rescale_accumulate_pv<R, KVT, PR, KW>(acc, arow, Ps, Vs, rb, dp);
     }
     __syncthreads();
 
