@@ -43,6 +43,23 @@ __device__ __forceinline__ uint16_t f2kv(float x) {
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// One thread's share of a K / V tile of BKV rows from kv row kb (rows at or past kb1 load as zeros) into registers,
+// PF 16-byte pieces of each, issued before the current tile's compute so that the HBM latency is paid once per block.
+// Shared by attn_kernel and the fused decode kernel.
+template <int PF, int THREADS>
+__device__ __forceinline__ void fetch_kv_tile(uint4 (&pk)[PF], uint4 (&pv)[PF], const uint16_t* kbase,
+                                              const uint16_t* vbase, int kb, int kb1, int tid) {
+#pragma unroll
+    for (int i = 0; i < PF; ++i) {
+        const int idx = tid + i * THREADS, j = idx / (HD / 8), c = idx % (HD / 8);
+        pk[i] = pv[i] = make_uint4(0, 0, 0, 0);
+        if (kb + j < kb1) {
+            pk[i] = *reinterpret_cast<const uint4*>(kbase + (size_t)(kb + j) * HD + c * 8);
+            pv[i] = *reinterpret_cast<const uint4*>(vbase + (size_t)(kb + j) * HD + c * 8);
+        }
+    }
+}
+
 // The split-KV tile's second half for one thread: rescale its R/2 rows of accumulators (dims 2dp, 2dp + 1) by the
 // rows' alpha, then add P · V over the tile's BKV keys. P rows pitch PR floats in Ps, keyed [key][row]; V rows of
 // KW 32-bit words (two dims each). R a multiple of 8. Shared by attn_kernel<R> and the fused decode kernel.

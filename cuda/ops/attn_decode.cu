@@ -84,17 +84,7 @@ __global__ void __launch_bounds__(THREADS) attn_kernel(const Params P, const int
     // The next tile's K / V are loaded into registers while the current one is computed on, so the
     // HBM latency is paid once per block rather than once per tile.
     uint4 pk[PF], pv[PF];
-    auto fetch = [&](int kb) {
-#pragma unroll
-        for (int i = 0; i < PF; ++i) {
-            const int idx = tid + i * THREADS, j = idx / (HD / 8), c = idx % (HD / 8);
-            pk[i] = pv[i] = make_uint4(0, 0, 0, 0);
-            if (kb + j < kb1) {
-                pk[i] = *reinterpret_cast<const uint4*>(kbase + (size_t)(kb + j) * HD + c * 8);
-                pv[i] = *reinterpret_cast<const uint4*>(vbase + (size_t)(kb + j) * HD + c * 8);
-            }
-        }
-    };
+    auto fetch = [&](int kb) { fetch_kv_tile<PF, THREADS>(pk, pv, kbase, vbase, kb, kb1, tid); };
     if (kb0 < kb1) fetch(kb0);
 
     // row r: token t0 + r / G, query head g*G + r % G; every load issued before any store (a copy loop

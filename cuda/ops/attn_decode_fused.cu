@@ -119,17 +119,7 @@ __global__ void __launch_bounds__(THREADS) fused_kernel(const Fused P, const int
         sn[i] = (float)s;
     }
     uint4 pk[PF], pv[PF];
-    auto fetch = [&](int kb) {
-#pragma unroll
-        for (int i = 0; i < PF; ++i) {
-            const int idx = tid + i * THREADS, j = idx / (HD / 8), c = idx % (HD / 8);
-            pk[i] = pv[i] = make_uint4(0, 0, 0, 0);
-            if (kb + j < kb1) {
-                pk[i] = *reinterpret_cast<const uint4*>(kbase + (size_t)(kb + j) * HD + c * 8);
-                pv[i] = *reinterpret_cast<const uint4*>(vbase + (size_t)(kb + j) * HD + c * 8);
-            }
-        }
-    };
+    auto fetch = [&](int kb) { fetch_kv_tile<PF, THREADS>(pk, pv, kbase, vbase, kb, kb1, tid); };
     // the first tile's loads fly while the queries are made (row pos, if in it, is replaced below)
     fetch(kb0);
 
