@@ -69,7 +69,7 @@ if [ -z "${SKIP_PROFILE:-}" ]; then  # kernel timeline of one step and one verif
   timeout "${PROFILE_TIMEOUT:-90}" python3 scripts/profile_27b_step.py "$F" --prefill-selects "${PREFILL_SELECTS:-0}" --json "$OUT/profile27.json" \
     > "$OUT/profile27.log" 2>&1
   echo "profile rc=$?" | tee -a "$S"
-  grep -E "^== |^   " "$OUT/profile27.log" | head -90 | tee -a "$S"
+  grep -E "^== |^   " "$OUT/profile27.log" | head -200 | tee -a "$S"
 fi
 
 # AB_ENV="VAR=a VAR=b ...": the same bench (no depth row) once per assignment, for A/B runs of a runtime knob

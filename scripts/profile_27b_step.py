@@ -57,6 +57,25 @@ def _summary(label: str, wall_ms: float, ev: list[tuple[str, float, float]], rep
             "families": [{"name": k, "count": v[0] / reps, "ms": v[1] / 1e3 / reps} for k, v in rows]}
 
 
+def _sequence(label: str, ev: list[tuple[str, float, float]], reps: int, head: int, tail: int) -> list[dict]:
+    """The kernels of the last call in issue order (the first `head` and last `tail`): duration and the idle gap
+    before each, so that one layer's launches can be read one by one (which GEMV took how long)."""
+    per = len(ev) // reps if reps else 0
+    if per == 0:
+        return []
+    one = ev[(reps - 1) * per: reps * per]
+    rows = []
+    print(f"== sequence of one {label} ({per} ops; first {head}, last {tail}): start µs, gap µs, duration µs, kernel")
+    for i, (name, start, dur) in enumerate(one):
+        if head <= i < per - tail:
+            continue
+        gap = start - (one[i - 1][1] + one[i - 1][2]) if i else 0.0
+        short = name.replace("(anonymous namespace)::", "").replace("void ", "")[:90]
+        print(f"   {i:4d} {start - one[0][1]:9.2f} {gap:6.2f} {dur:8.2f}  {short}")
+        rows.append({"i": i, "start_us": start - one[0][1], "gap_us": gap, "us": dur, "name": short})
+    return rows
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
@@ -66,6 +85,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prefill-selects", default="0",
                     help="comma list of lb_qmm_smalln_select values to time one prefill of --prompt tokens under "
                          "(A/B of the small-N kernels the 64-row prefill chunks run through); empty: no prefill")
+    ap.add_argument("--sequence", type=int, default=40,
+                    help="print the first N (and the last 8) kernels of one decode step and one verify (0: none)")
     a = ap.parse_args(argv)
 
     import numpy as np
@@ -92,14 +113,20 @@ def main(argv: list[str]) -> int:
             for _ in range(a.reps):
                 tok = greedy_step(eng, tok)
             wall = (time.perf_counter() - t0) / a.reps * 1e3
-        out.append(_summary(f"decode step{tag}", wall, _events(prof), a.reps))
+        ev = _events(prof)
+        out.append(_summary(f"decode step{tag}", wall, ev, a.reps))
+        if a.sequence and not tag.startswith(" (no"):
+            out[-1]["sequence"] = _sequence("decode step", ev, a.reps, a.sequence, 8)
         greedy_verify(eng, tree)  # warm-up of the tree program / graph
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
             for _ in range(a.reps):
                 greedy_verify(eng, tree)
             wall = (time.perf_counter() - t0) / a.reps * 1e3
-        out.append(_summary(f"verify 23{tag}", wall, _events(prof), a.reps))
+        ev = _events(prof)
+        out.append(_summary(f"verify 23{tag}", wall, ev, a.reps))
+        if a.sequence and not tag.startswith(" (no"):
+            out[-1]["sequence"] = _sequence("verify", ev, a.reps, a.sequence, 8)
 
     graphs = bool(getattr(eng, "use_graphs", False))
     step_and_verify(" (graphs)" if graphs else "")
