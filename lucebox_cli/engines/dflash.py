@@ -16,9 +16,11 @@ Weights are uploaded tensor by tensor from the memory-mapped GGUF into one arena
 on the host, engines/dflash_upload.py); the embedding of an untied model stays on the host. The layer
 sequence is engines/dflash_layers.py. The kernels run on the engine's own stream (lb_stream_create:
 default flags, so it synchronises with the legacy default stream and the blocking lb_dev_* copies
-still order themselves against the kernels). Programmatic dependent launch (cuda/common/lb_pdl.cuh) is an
-experiment, off by default (LUCEBOX_PDL=1 turns it on): it measured slower and is not yet right with
-every op.
+still order themselves against the kernels). Programmatic dependent launch (cuda/common/lb_pdl.cuh: the next
+kernel's blocks start, and issue their first weight loads, while the current one drains) is on in the captured
+decode-step graph only (`step_pdl`, LUCEBOX_PDL: unset / "step" that, "0" never, "1" every launch — the C
+library's own switch): there it took tg128 149.9 → 163.1 tok/s on the H200, while the verify measured 3% slower
+and the prefill no different (docs/perf.md "PDL, third try").
 
 CUDA graphs (use_graphs; LUCEBOX_GRAPHS=0 turns them off): a decode step (embedding on the device when
 token_embd is there, the layers, the LM head, the device argmax and the greedy tail) and a verify of n
@@ -79,6 +81,13 @@ AHEAD = 8  # greedy steps the host keeps queued
 def graphs_default() -> bool:
     """use_graphs at engine creation: on unless LUCEBOX_GRAPHS=0."""
     return os.environ.get("LUCEBOX_GRAPHS", "1") != "0"
+
+
+def step_pdl_default(env: Optional[dict] = None) -> bool:
+    """Whether the decode-step graph is captured with programmatic dependent launch: LUCEBOX_PDL unset or "step"
+    (the default) or "1" (the C library then also launches everything else with it); "0" or anything else: no."""
+    v = (os.environ if env is None else env).get("LUCEBOX_PDL", "step")
+    return v in ("step", "1")
 
 
 def attn_decode_path(fused: bool, env: Optional[dict] = None) -> str:
@@ -185,6 +194,7 @@ class DFlashTargetEngine:
         self._ring = 0
         self._emb_dev: Optional[Mat] = None
         self._use_graphs, self._graph_ready, self._card = False, False, card
+        self.step_pdl = step_pdl_default()  # read before the first capture (the step graph's)
         try:
             mats, vecs = self._upload(entries)
             self._bufs = self._carve(mats)
@@ -199,6 +209,8 @@ class DFlashTargetEngine:
         self.info = {"weight_bytes": arena_bytes(entries), "plan_bytes": self.plan.total, "budget": self.budget,
                      "max_context": self.max_context, "upload_s": round(self.load_s, 2),
                      "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
+                     # the step graph asks for PDL (the library applies it on sm_90 and newer only)
+                     "step_pdl": self.step_pdl and self.use_graphs,
                      "prefill_rows": self.prefill_rows,
                      # in every bench row: a run says how it was made
                      "attn_decode": attn_decode_path(self._layers.fused_decode),
@@ -478,10 +490,18 @@ class DFlashTargetEngine:
         """gstate = {n_past, token, 0} before a replay (a blocking copy: ordered after the queued work)."""
         self._h2d(self._gstate, np.asarray([n_past, token, 0, 0], np.int32))
 
-    def _graph(self, key: tuple, issue: Any) -> int:
+    def _graph(self, key: tuple, issue: Any, pdl: bool = False) -> int:
+        """The executable graph of `key`, captured on first use; pdl: its kernels carry the PDL attribute (the C
+        library's switch is turned on for the capture only, so nothing else this process launches changes)."""
         exe = self._graphs.get(key)
         if exe is None:
-            exe = self._graphs[key] = self._layers.capture(issue)
+            set_pdl = getattr(self.lib.fn, "lb_set_pdl", None) if pdl else None
+            prev = set_pdl(1) if set_pdl is not None else None
+            try:
+                exe = self._graphs[key] = self._layers.capture(issue)
+            finally:
+                if prev is not None:
+                    set_pdl(prev)
         return exe
 
     def _step_exec(self) -> int:
@@ -496,7 +516,7 @@ class DFlashTargetEngine:
             L.issue_topk(1, 1)
             L.issue_advance(self._ring, RING)
 
-        return self._graph(("step", self._emb_dev is not None), issue)
+        return self._graph(("step", self._emb_dev is not None), issue, pdl=self.step_pdl)
 
     def _tree_exec(self, n: int) -> int:
         """The verify of n slots: layers (DeltaNet saves bounded by the buffer's capacity) and the head."""

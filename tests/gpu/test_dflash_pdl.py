@@ -3,7 +3,8 @@ ranges of lb_df_rmsnorm that replaced the projections' memsets.
 
 - The engine (tiny 4-layer Q4_K_M of test_dflash_engine.py, its own stream) gives the same prefill, step and
   23-slot verify results with lb_set_pdl(1) and lb_set_pdl(0): identical argmax (a flip allowed only at a
-  float-order near-tie: the GEMMs add stream-K partials with atomics), logits within 1e-4 relative RMS.
+  float-order near-tie: the GEMMs add stream-K partials with atomics), logits as close as two PDL-off runs are.
+  (The engine itself captures its decode-step graph with PDL by default: DFlashTargetEngine.step_pdl.)
 - lb_df_rmsnorm clears exactly its zero ranges (tails of 1..3 floats included) and refuses malformed ones.
 
 Script mode, `python tests/gpu/test_dflash_pdl.py --bench`: GPU time per launch of a chain of small
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -64,15 +64,16 @@ def _run_session(on: int) -> dict:
         lib().fn.lb_set_pdl(prev)
 
 
-@pytest.mark.skipif(os.environ.get("LUCEBOX_TEST_PDL") != "1",
-                    reason="PDL is an experiment, off by default; on the H200 (32a4546) this check failed "
-                           "(prefill rel RMS 4.7e-4, wrong verify through the staged small-N kernel): "
-                           "set LUCEBOX_TEST_PDL=1 to run it while working on PDL")
 def test_pdl_on_and_off_agree():
-    on, off = _run_session(1), _run_session(0)
+    """Every launch with PDL (lb_set_pdl(1)) against none, held to the engine's own run-to-run noise: stream-K
+    GEMVs add their partial sums with atomics in any order, so two PDL-off runs differ too (~5e-4 in the logits of
+    this 4-layer random model, ~9e-4 at 8 layers: scripts/pdl_check.py). Until session 9 this compared against
+    1e-4 and "failed" on that noise alone; a race (a kernel reading a half-written or poisoned buffer) shows as NaN
+    or errors far above it."""
+    off, off2, on = _run_session(0), _run_session(0), _run_session(1)
     for key in ("prefill", "steps", "verify", "after_commit", "features"):
-        r = rel(on[key], off[key])
-        assert r < 1e-4, f"{key}: PDL on vs off rel RMS {r:.3g}"
+        floor, r = rel(off2[key], off[key]), rel(on[key], off[key])
+        assert r < max(5 * floor, 1e-4) and r < 5e-3, f"{key}: PDL on vs off rel RMS {r:.3g} (off vs off {floor:.3g})"
     for key in ("prefill", "after_commit"):
         assert_same_or_near_tie([np.argmax(on[key])], [np.argmax(off[key])], [off[key]], f"{key} argmax")
     assert_same_or_near_tie(np.argmax(on["steps"], -1), np.argmax(off["steps"], -1), off["steps"], "step argmax")

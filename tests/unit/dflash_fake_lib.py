@@ -79,7 +79,7 @@ _BLAS_API = frozenset({"lb_blas_ready", "lb_gemm_q_cublas", "lb_gemm_q_cublas_sc
 _OUTSIDE_CAPTURE = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb_graph_destroy", "lb_event_create",
                               "lb_event_record", "lb_event_query", "lb_event_sync", "lb_event_destroy", "lb_host_alloc",
                               "lb_host_free", "lb_df_topk_scratch_bytes", "lb_stream_create", "lb_stream_destroy",
-                              "lb_blas_ready", "lb_gemm_q_cublas_scratch_bytes"})
+                              "lb_blas_ready", "lb_gemm_q_cublas_scratch_bytes", "lb_set_pdl"})
 # what CUDA refuses inside a capture (synchronous, legacy stream or allocating)
 _UNSAFE_IN_CAPTURE = frozenset({"lb_dev_alloc", "lb_dev_free", "lb_dev_h2d", "lb_dev_d2h", "lb_dev_memset",
                                 "lb_dev_sync"})
@@ -103,6 +103,8 @@ class FakeLib:
         self._graphs: dict[int, list] = {}
         self._host: dict[int, np.ndarray] = {}
         self.launches = 0  # lb_graph_launch calls
+        self.pdl = 0  # lb_set_pdl's switch
+        self.graph_pdl: dict[int, int] = {}  # graph handle -> the switch while it was captured
 
     def device_props(self, dev: int) -> dict:
         return {"total_mem_bytes": 8 << 30, "name": "emulated"}
@@ -143,10 +145,15 @@ class FakeLib:
         assert stream, "destroying a stream that was never created"
 
     # -- graphs, events, mapped host memory --
+    def lb_set_pdl(self, on):
+        prev, self.pdl = self.pdl, 1 if on else 0
+        return prev
+
     def lb_graph_begin(self, stream):
         assert stream, "the legacy stream can not be captured"
         assert self._capture is None, "nested capture"
         self._capture, self._capture_stream, self._capture_broken = [], stream, None
+        self._capture_pdl = self.pdl
 
     def lb_graph_end(self, stream, exe):
         assert stream == self._capture_stream
@@ -157,6 +164,7 @@ class FakeLib:
             return 4
         handle = 0x6A00 + len(self._graphs) + 1
         self._graphs[handle] = rec
+        self.graph_pdl[handle] = self._capture_pdl if self.pdl == self._capture_pdl else -1  # -1: changed mid-capture
         out_value(exe, handle)
 
     def lb_graph_launch(self, exe, stream):

@@ -239,3 +239,22 @@ def test_captured_step_runs_the_fused_attention_at(gguf):
     lib.log = None
     assert names.count("lb_attn_decode_fused") == n_attn and "lb_attn_decode_fused_at" not in names
     eng.close()
+
+
+@pytest.mark.parametrize("env,want", [(None, 1), ("step", 1), ("1", 1), ("0", 0), ("off", 0)])
+def test_step_graph_is_captured_with_pdl(gguf, monkeypatch, env, want):
+    """The decode-step graph is captured with the C library's PDL switch on (unless LUCEBOX_PDL=0), the verify's
+    without it, and the switch is back where it was after each capture."""
+    if env is None:
+        monkeypatch.delenv("LUCEBOX_PDL", raising=False)
+    else:
+        monkeypatch.setenv("LUCEBOX_PDL", env)
+    eng, lib = engine(gguf, taps=())
+    tok = int(np.argmax(eng.prefill(np.arange(5))))
+    eng.step_argmax(tok)
+    eng.verify(branched_tree(8, 9))
+    assert lib.pdl == 0
+    step, tree = [eng._graphs[k] for k in sorted(eng._graphs, key=lambda k: k[0] != "step")]
+    assert (lib.graph_pdl[step], lib.graph_pdl[tree]) == (want, 0)
+    assert eng.info["step_pdl"] == bool(want)
+    eng.close()
