@@ -50,7 +50,8 @@ int fold_config(size_t smem, QmmConfig& out) {
     QmmConfig c;
     int by_occ = 0;
     LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-    LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_occ, fold_kernel<QT, kBlocks, kFold>(), kThreads, smem));
+    LB_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_occ, fold_kernel<QT, kBlocks, kFold>(), kThreads, smem));
     c.grid_per_sm = std::max(by_occ, 1);
     if (slot) *slot = Entry{smem, c};
     out = c;
@@ -142,7 +143,8 @@ extern "C" LB_API int lb_gemv_q_clear(int qtype, const void* w, int n_rows, int 
     if ((st = fold_clear_args(__func__, qtype, w, n_rows, k, x, y, clear, clear_bytes, f)) != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (!clear) return lb_gemv_q(qtype, w, n_rows, k, x, y, accumulate, stream);
-    if (qtype == Q4_K_T || qtype == Q6_K_T) return fold_dispatch<kFoldClear>(qtype, w, n_rows, k, x, y, accumulate, f, s);
+    if (qtype == Q4_K_T || qtype == Q6_K_T)
+        return fold_dispatch<kFoldClear>(qtype, w, n_rows, k, x, y, accumulate, f, s);
     // the other types' kernels have no fold variant: the same clear as a memset node, ordered before the product
     LB_CUDA_TRY(cudaMemsetAsync(clear, 0, clear_bytes, s));
     return lb_gemv_q(qtype, w, n_rows, k, x, y, accumulate, stream);

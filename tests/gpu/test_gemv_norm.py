@@ -1,8 +1,8 @@
 """lb_gemv_q_norm and lb_gemv_q_clear (cuda/ops/gemv_q_fold.cu), against the calls they replace in a decode step.
 
 lb_gemv_q_norm(x) against lb_df_rmsnorm(x) then lb_gemv_q on its output, on the same device weights (random GGUF
-blocks through lb_quant_repack, as test_quant_gemv.py makes them) and a residual-like x (outliers past fp16's range
-included: the fold must normalize before rounding to fp16). Both round the same normed values to fp16 for the mma;
+blocks through lb_quant_repack, as test_quant_gemv.py makes them) and an x past fp16's range (the fold must normalize
+before rounding to fp16). Both round the same normed values to fp16 for the mma;
 they differ only in fp32 summation order: the stream-K atomics (two calls of either differ by ~1e-7) and the sum of
 squares (each block of the fold sums x in its own order, so r can differ from the norm kernel's in its last bit, which
 moves an fp16 rounding of h now and then: ~3 of 5120 elements by one fp16 ulp, 2^-11 of that element, about
@@ -15,11 +15,13 @@ start NaN-poisoned (accumulate = 0) or at a finite vector that is subtracted aga
 An engine check: a tiny model whose every group folds (Hv = 16: the DeltaNet's 16-row alpha / beta tile, as the
 27B's 48 do) against the CPU engine, and its decode steps with LUCEBOX_NORM_FOLD=0 against those with the fold.
 
-Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_gemv_norm.py`.
+Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_gemv_norm.py [--bench]` (--bench: µs per
+norm-fed group of the 27B step, norm + GEMV against the fold, in CUDA graphs).
 """
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from pathlib import Path
 
@@ -49,11 +51,11 @@ CLEAR_SHAPES = [(304, 5120), (5120, 17408), (1040, 6144), (1024, 256 * 7)]
 
 
 def residual_x(k: int, seed: int) -> np.ndarray:
-    """A residual-stream-like row: std 3, and two outliers beyond fp16's range (the 27B's x has activations of
-    thousands; normed, they are ~sqrt(k) at most)."""
+    """A row half past fp16's range (std 1e5; fp16 ends at 65504), so that a fold rounding x to fp16 before
+    normalizing it would overflow, with two outliers of ten sigma (the 27B's residual has a few such channels)."""
     rng = np.random.default_rng(seed)
-    x = (3.0 * rng.standard_normal(k)).astype(np.float32)
-    x[[k // 3, k - 5]] = [1.5e5, -9.0e4]
+    x = (1.0e5 * rng.standard_normal(k)).astype(np.float32)
+    x[[k // 3, k - 5]] = [1.0e6, -1.0e6]
     return x
 
 
@@ -248,5 +250,67 @@ def test_engine_fold_on_off_and_cpu(monkeypatch):
         assert rel_rms(a.astype(np.float64), b.astype(np.float64)) < 2e-3, f"call {j}: fold on vs off"
 
 
+# The 27B decode step's norm-fed groups (rows of the merged GEMVs, k = 5120) for --bench.
+BENCH_GROUPS = [("FFN gate+up", "Q4_K_T", 2 * 17408), ("DeltaNet qkv+z+beta+alpha", "Q4_K_T", 10240 + 6144 + 96),
+                ("attn q+k", "Q4_K_T", 12288 + 1024), ("attn v", "Q6_K_T", 1024), ("LM head", "Q6_K_T", 248320)]
+
+
+def bench(iters: int = 100, k: int = 5120) -> list[tuple[str, float, float]]:
+    """µs per group, in a CUDA graph of `iters` groups over weight copies rotated past 2x L2 (random weights): the
+    step's form before the fold (lb_df_rmsnorm clearing the outputs, then lb_gemv_q on h) against lb_gemv_q_norm
+    (its clear done by the GEMV before it: nothing here). Host wall time of a graph launch and sync, over 3 launches
+    after one warm-up; the graph gaps are in both."""
+    import time
+
+    fn, out = lib().fn, []
+    stream = ctypes.c_void_p()
+    lib().call("lb_stream_create", ctypes.byref(stream))
+    x, nw = Dev.of(residual_x(k, 1)), Dev.of(norm_w(k, 2))
+    h = Dev(4 * k)
+    try:
+        for name, qt, rows in BENCH_GROUPS:
+            qtype = ALL_QTYPES[qt]
+            nbytes = fn.lb_quant_bytes(qtype, rows, k)
+            copies = max(2, min(32, (2 * 60 << 20) // nbytes + 1))
+            ws = [Dev(nbytes) for _ in range(copies)]
+            y = Dev(4 * rows)
+            lib().call("lb_dev_memset", y.ptr, 0, y.nbytes)
+            for i, w in enumerate(ws):
+                lib().call("lb_quant_fill_random", qtype, w.ptr, rows, k, 1234 + i, None)
+            times = []
+            for fold in (False, True):
+                lib().call("lb_graph_begin", stream)
+                for i in range(iters):
+                    w = ws[i % copies].ptr
+                    if fold:
+                        lib().call("lb_gemv_q_norm", qtype, w, rows, k, x.ptr, nw.ptr, EPS, y.ptr, 1, None, 0, stream)
+                    else:
+                        lib().call("lb_df_rmsnorm", x.ptr, nw.ptr, h.ptr, 1, k, EPS, y.ptr, y.nbytes, None, 0, stream)
+                        lib().call("lb_gemv_q", qtype, w, rows, k, h.ptr, y.ptr, 1, stream)
+                exe = ctypes.c_void_p()
+                lib().call("lb_graph_end", stream, ctypes.byref(exe))
+                lib().call("lb_graph_launch", exe, stream)
+                lib().call("lb_dev_sync")
+                t0 = time.perf_counter()
+                for _ in range(3):
+                    lib().call("lb_graph_launch", exe, stream)
+                lib().call("lb_dev_sync")
+                times.append((time.perf_counter() - t0) / (3 * iters) * 1e6)
+                lib().call("lb_graph_destroy", exe)
+            out.append((f"{name} ({qt} {rows}x{k})", times[0], times[1]))
+            for d in ws + [y]:
+                d.close()
+    finally:
+        for d in (x, nw, h):
+            d.close()
+        lib().call("lb_stream_destroy", stream)
+    return out
+
+
 if __name__ == "__main__":
+    if "--bench" in sys.argv:  # python tests/gpu/test_gemv_norm.py --bench: µs per group, both forms
+        print("| group | norm + gemv µs | gemv_q_norm µs | saved µs |\n|---|---|---|---|")
+        for name, a, b in bench():
+            print(f"| {name} | {a:.2f} | {b:.2f} | {a - b:.2f} |", flush=True)
+        sys.exit(0)
     sys.exit(pytest.main([__file__, "-q"]) if hasattr(pytest, "main") else 0)

@@ -283,7 +283,7 @@ class FakeLib:
     def _fold_clear(clear, nbytes, *apart):
         """lb_gemv_q_norm / _clear's zero range: the C API's checks (aligned, whole floats, apart from the
         (pointer, bytes) ranges the product reads and writes), then the clear."""
-        assert (clear is None) == (int(nbytes) == 0)
+        assert clear is not None or int(nbytes) == 0
         if clear is None:
             return
         c0, c1 = int(clear), int(clear) + int(nbytes)
