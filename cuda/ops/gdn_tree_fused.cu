@@ -78,7 +78,7 @@ __host__ __device__ constexpr int round4(int x) { return (x + 3) & ~3; }
 // The walk's operands of slot s sit together in one record (k, q, v, α / β, k·q, the plan), so a step addresses
 // them from one base that moves by `stride` (per-region bases cost ~45 address instructions a step).
 struct Layout {
-    int ints;    // int4 sel[64] (window rows into hist), int par[64], int flag[64]
+    int ints;    // int4 sel[64] (window rows × 256: offsets into hist), int par[64], int flag[64]
     int hist;    // [(n+3)][256] q | k channels: rows 0..2 the conv state, 3 + s slot s's pre row.
                  // After the conv: o [n][r][16] of the block's columns, then the output norm's partials [n][r][4]
     int histv;   // [(n+3)][r][16] the block's v channels, same rows
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(TREE_MAX_THREADS, 1)
 #if LB_HAS_SM90
     namespace cg = cooperative_groups;
     constexpr int TASKS_IN_FLIGHT = 4;   // conv chunk tasks (and norm rows) a warp interleaves
-    constexpr int REC_K = 0, REC_Q = D;  // a record's k and q
+    constexpr int REC_K = 0, REC_Q = D;  // a record's k and q: chunk c of q | k at 32 (c ^ 4)
     cg::cluster_group cluster = cg::this_cluster();
     extern __shared__ __align__(16) float sm[];
 
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(TREE_MAX_THREADS, 1)
                 ++back;
             }
         }
-        sel[tid] = make_int4(w[0], w[1], w[2], w[3]);
+        sel[tid] = make_int4(w[0] * QKC, w[1] * QKC, w[2] * QKC, w[3] * QKC);  // element offsets into hist
         const int pp = par_s[tid];
         if (pp >= 0 && pp < tid - 1) flag_s[pp] = 1;
     }
@@ -270,45 +270,52 @@ __global__ void __launch_bounds__(TREE_MAX_THREADS, 1)
                 make_int2((i == 0 || pp == i - 1) ? -1 : (pp < 0 ? -2 : rank(pp)), flag_s[i] ? rank(i) : -1);
         }
     }
-    // The q | k conv, all 256 channels of the key head for every slot: task = (slot, chunk), lane = channel within
-    // the chunk (conv_prep's warp layout, so warp_sum adds the squares in its order); raw SiLU values into the
-    // records' q and k.
+    // The q | k conv, all 256 channels of the key head for every slot, lane = channel within a 32-channel chunk
+    // (conv_prep's warp layout, so warp_sum adds the squares in its order); raw SiLU values into the records' q
+    // (chunks 0..3) and k (4..7), i.e. at 32 (chunk ^ 4). Work unit = (chunk, 4 consecutive slots), chunk-major; a
+    // warp takes a contiguous range of units, its share inverse to the number of warps on its scheduler (warp % 4:
+    // with 6 warps, 1 1 2 2 1 1), so that the four schedulers issue about the same. The unit is warp-uniform (a slot
+    // past n is recomputed as slot n - 1, not stored).
     {
         const float4* w4 = reinterpret_cast<const float4*>(wqk);
-        for (int base = warp; base < CHUNKS * n; base += TASKS_IN_FLIGHT * nwarps) {
+        const int ng = (n + TASKS_IN_FLIGHT - 1) / TASKS_IN_FLIGHT, units = CHUNKS * ng;
+        int before = 0, mine = 0, total = 0;
+        for (int w = 0; w < nwarps; ++w) {
+            const int share = (nwarps - (w & 3) + 3) / 4 == 1 ? 2 : 1;  // 2 / (warps on scheduler w % 4), nwarps <= 8
+            before += w < warp ? share : 0;
+            mine = w == warp ? share : mine;
+            total += share;
+        }
+        const int ub = units * before / total, ue = units * (before + mine) / total;
+        int ci = ub / ng, grp = ub - (ub / ng) * ng;
+        for (int unit = ub; unit < ue; ++unit) {
+            const int cl = ci * 32 + lane, t0 = grp * TASKS_IN_FLIGHT;
+            const float4 w = w4[cl];
             float s[TASKS_IN_FLIGHT];
 #pragma unroll
             for (int u = 0; u < TASKS_IN_FLIGHT; ++u) {
-                const int task = base + u * nwarps;
-                s[u] = 0.0f;
-                if (task < CHUNKS * n) {  // uniform over the warp
-                    const int t = task / CHUNKS, cl = (task % CHUNKS) * 32 + lane;
-                    const int4 wi = sel[t];
-                    const float4 w = w4[cl];
-                    const float x0 = hist[wi.x * QKC + cl], x1 = hist[wi.y * QKC + cl];
-                    const float x2 = hist[wi.z * QKC + cl], x3 = hist[wi.w * QKC + cl];
-                    // the CPU's summation order: ((x0 w0 + x1 w1) + x2 w2) + x3 w3
-                    s[u] = siluf_(x0 * w.x + x1 * w.y + x2 * w.z + x3 * w.w);
-                }
+                const int4 wi = sel[min(t0 + u, n - 1)];  // window rows × 256
+                const float x0 = hist[wi.x + cl], x1 = hist[wi.y + cl], x2 = hist[wi.z + cl], x3 = hist[wi.w + cl];
+                // the CPU's summation order: ((x0 w0 + x1 w1) + x2 w2) + x3 w3
+                s[u] = siluf_(x0 * w.x + x1 * w.y + x2 * w.z + x3 * w.w);
             }
 #pragma unroll
             for (int u = 0; u < TASKS_IN_FLIGHT; ++u) {
-                const int task = base + u * nwarps;
-                if (task < CHUNKS * n) {
-                    const int t = task / CHUNKS, ci = task % CHUNKS;
-                    rec[t * RS + (ci < CHUNKS / 2 ? REC_Q : REC_K) + (ci % (CHUNKS / 2)) * 32 + lane] = s[u];
-                    const float ss = lb::warp_sum(s[u] * s[u]);
-                    if (lane == 0) red[t * CHUNKS + ci] = ss;
+                const float ss = lb::warp_sum(s[u] * s[u]);
+                if (t0 + u < n) {
+                    rec[(t0 + u) * RS + 32 * (ci ^ 4) + lane] = s[u];
+                    if (lane == 0) red[(t0 + u) * CHUNKS + ci] = ss;
                 }
             }
+            if (++grp == ng) grp = 0, ++ci;
         }
     }
     // v of the block's columns (also the kept v), α / β of its heads (block 0 keeps g and β)
     for (int t = tid / (DVS * r); t < n; t += vstride) {
-        const int4 wi = sel[t];
-        const int e = vm * DVS + ve;
-        const float x0 = histv[wi.x * r * DVS + e], x1 = histv[wi.y * r * DVS + e];
-        const float x2 = histv[wi.z * r * DVS + e], x3 = histv[wi.w * r * DVS + e];
+        const int4 wi = sel[t];  // rows × 256 (QKC)
+        const int e = vm * DVS + ve, rv = r * DVS;
+        const float x0 = histv[(wi.x / QKC) * rv + e], x1 = histv[(wi.y / QKC) * rv + e];
+        const float x2 = histv[(wi.z / QKC) * rv + e], x3 = histv[(wi.w / QKC) * rv + e];
         const float s = siluf_(x0 * wv.x + x1 * wv.y + x2 * wv.z + x3 * wv.w);
         rec[t * RS + REC_V + e] = s;
         v_out[((size_t)t * hv + vp) * D + c0 + ve] = s;
