@@ -1,9 +1,11 @@
-// Internal to the chunked DeltaNet (deltanet_chunked.cu: prep and the host dispatch;
-// deltanet_split.cu: the split scan): sizes and the scratch layout both sides read.
+// Internal to the chunked DeltaNet (deltanet_chunked.cu: the fp32 prep and the host dispatch; deltanet_split.cu:
+// the fp32 split scan; deltanet_tc.cu: the tensor-core path): sizes, the scratch layouts, the tensor-core path's
+// input / output descriptions. gdn_chunked.cu (the 27B adapter) uses the tensor-core entry too.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "pf_ops.h"
 
@@ -15,6 +17,7 @@ constexpr int CH = DN_CHUNK;  // 64
 
 __host__ __device__ inline int n_chunks(int T) { return (T + CH - 1) / CH; }
 
+// ---- the fp32 path (LUCEBOX_DN_PREFILL=old) ----
 // One scratch allocation, fp32 regions in this order (each a multiple of 256 bytes, so float4-aligned):
 //   u    [H, T, 128]          βv solved by prep; the split scan's state pass overwrites it with v_new
 //   w    [H, Tp, 128]         chunk-transposed: [H, nch, 128 dk, 64 rows]
@@ -48,5 +51,54 @@ int split_prepare();
 int split_scan(const float* q, const float* k, Scratch sc, float* state, float* o, int T, int H, int mode,
                cudaStream_t s);
 
+// ---- the tensor-core path (deltanet_tc.cu) ----
+// Inputs in any token / head strides (floats): the 0.8B's head-major [H, T, 128] (token stride 128, head stride
+// T·128) or the 27B's token-major [T, H, 128]; value head h reads key head h % hk.
+struct In {
+    const float *q, *k, *v, *g, *beta;
+    long long qk_t, qk_h;  // q and k: stride between tokens, between key heads
+    long long v_t, v_h;
+    long long gb_t, gb_h;  // g and beta
+    int hk;
+};
+
+enum { OUT_O = 0, OUT_Y = 1, OUT_XB = 2 };
+// OUT_O: o [T, H·128] fp32. OUT_Y: y = RMSNorm(o) · norm · SiLU(z) per (token, head), fp32 [T, H·128] (gdn
+// out_norm). OUT_XB: the same as a split bf16 pair xb [2][T, H·128] (dn_gated_norm). z row stride ldz.
+struct Out {
+    int mode;
+    float* o;
+    uint16_t* xb;
+    const float* z;
+    int ldz;
+    const float* norm;
+    float eps;
+};
+
+// Scratch per (head, chunk) unit, each region 256-byte aligned (deltanet_tc.cu has the fragment orders):
+//   uv   fp32 [units][8192]   Uᵀ (βv solved) in accumulator order, then V_newᵀ as bf16-pair A fragments
+//   wt   bf16 [units][2][128 dk][64]   −Wᵀ as a (hi, lo) pair
+//   kt   bf16 [units][2][64][128 dk]   k e^(last − cum) as a pair
+//   aqk  bf16 [units][2][64][64]       masked decayed q·kᵀ as a pair
+//   hs   u32  [units][16384]   the chunk's start state Sᵀ as bf16-pair A fragments
+//   cum  fp32 [units][64]
+struct TcScratch {
+    float* uv;
+    uint16_t *wt, *kt, *aqk;
+    uint32_t* hs;
+    float* cum;
+};
+size_t tc_scratch_bytes(int T, int H);
+// Whether the current device runs the tensor-core path (sm_80+, enough shared memory), and attributes set.
+int tc_prepare(bool* ok);
+// The rule over T tokens of H value heads; state [H, 128, 128] read and overwritten, [dv][dk] when state_t
+// (the 0.8B megakernel's transposed layout) else [dk][dv] (cpu.py / the 27B ops).
+int tc_run(const In& in, float* state, bool state_t, const Out& out, void* scratch, int T, int H, cudaStream_t s);
+
 }  // namespace dn
+
+// LUCEBOX_DN_PREFILL (read once per process): "old" runs the fp32 kernels (dn_chunk_prep + the split scan, and the
+// separate norms), anything else the tensor-core path where the device has it.
+bool dn_prefill_tc();
+
 }  // namespace pf

@@ -124,8 +124,9 @@ int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0) {
         PF_TRY(pf::dn_conv_prep(P->y, mk::DN_IN, L.conv_state, L.conv_w, L.ssm_a, L.dt_bias, P->q, P->k, P->v, P->g,
                                 P->beta, T, pos0, s));
         PF_TRY(pf::dn_ring_write(P->y, mk::DN_IN, L.conv_state, T, pos0, s));
-        PF_TRY(pf::dn_chunked(P->q, P->k, P->v, P->g, P->beta, L.S, P->o, P->dn_scr, T, mk::DN_H, s));
-        PF_TRY(pf::dn_gated_norm(P->o, P->y + mk::DN_QKV, mk::DN_IN, L.ssm_norm, P->xb, T, eps, s));
+        // the chunked rule and the gated norm into xb (one output kernel on the tensor-core path)
+        PF_TRY(pf::dn_chunked_norm(P->q, P->k, P->v, P->g, P->beta, L.S, P->o, P->y + mk::DN_QKV, mk::DN_IN,
+                                   L.ssm_norm, P->xb, P->dn_scr, T, mk::DN_H, eps, s));
     } else {
         const int mc = H->cfg.max_context;
         LB_TRY(gemm(P, P->xb, L.w_in, P->y, T, mk::AT_IN, mk::HID, pf::EPI_F32));
