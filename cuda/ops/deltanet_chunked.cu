@@ -285,7 +285,7 @@ int dn_chunked(const float* q, const float* k, const float* v, const float* g, c
     dn::Out out{};
     out.mode = dn::OUT_O;
     out.o = o;
-    return dn::tc_run(head_major(q, k, v, g, beta, T, H), state, true, out, scratch, T, H, s);
+    return dn::tc_run(head_major(q, k, v, g, beta, T, H), nullptr, state, true, out, scratch, T, H, s);
 }
 
 int dn_chunked_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
@@ -305,7 +305,50 @@ int dn_chunked_norm(const float* q, const float* k, const float* v, const float*
     out.ldz = ldz;
     out.norm = norm;
     out.eps = eps;
-    return dn::tc_run(head_major(q, k, v, g, beta, T, H), state, true, out, scratch, T, H, s);
+    return dn::tc_run(head_major(q, k, v, g, beta, T, H), nullptr, state, true, out, scratch, T, H, s);
+}
+
+int dn_layer(const float* y, int ldy, float* ring, const float* conv_w, const float* ssm_a, const float* dt_bias,
+             const float* norm, float* state, float* q, float* k, float* v, float* g, float* beta, float* o,
+             uint16_t* xb, void* scratch, int T, int pos0, float eps, cudaStream_t s) {
+    bool tc = false;
+    int e = dn_tc_path(&tc);
+    if (e != (int)cudaSuccess) return e;
+    const float* z = y + C_QKV;  // y rows: [q | k | v (C_QKV) | z (NH·128) | beta (NH) | alpha (NH)]
+    if (!tc) {
+        if ((e = dn_conv_prep(y, ldy, ring, conv_w, ssm_a, dt_bias, q, k, v, g, beta, T, pos0, s)) != (int)cudaSuccess)
+            return e;
+        if ((e = dn_ring_write(y, ldy, ring, T, pos0, s)) != (int)cudaSuccess) return e;
+        return dn_chunked_norm(q, k, v, g, beta, state, o, z, ldy, norm, xb, scratch, T, NH, eps, s);
+    }
+    dn::ConvIn cv{};
+    cv.pre = y;
+    cv.ld = ldy;
+    for (int j = 0; j < 3; ++j) {
+        // positions pos0 - 3 .. pos0 - 1: the ring slot of an earlier position, zeros before the sequence
+        const int p = pos0 - 3 + j;
+        cv.hist[j] = p >= 0 ? ring + (size_t)(p & 3) * C_QKV : nullptr;
+    }
+    cv.conv_w = conv_w;
+    cv.b = y + C_QKV + NH * D;
+    cv.a = cv.b + NH;
+    cv.ab_t = ldy;
+    cv.ssm_a = ssm_a;
+    cv.dt_bias = dt_bias;
+    cv.q = q;
+    cv.v = v;
+    dn::Out out{};
+    out.mode = dn::OUT_XB;
+    out.xb = xb;
+    out.z = z;
+    out.ldz = ldy;
+    out.norm = norm;
+    out.eps = eps;
+    if ((e = dn::tc_run(head_major(q, k, v, g, beta, T, NH), &cv, state, true, out, scratch, T, NH, s)) !=
+        (int)cudaSuccess)
+        return e;
+    // after the prep kernel has read the history
+    return dn_ring_write(y, ldy, ring, T, pos0, s);
 }
 
 int dn_conv_prep(const float* y, int ldy, const float* ring, const float* conv_w, const float* ssm_a,

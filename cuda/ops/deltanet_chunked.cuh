@@ -62,6 +62,23 @@ struct In {
     int hk;
 };
 
+// The conv front end (tc_prep computes the causal conv, SiLU, q / k L2 norms, g and beta itself instead of reading
+// q, k, v, g, beta): pre-conv rows pre [T, ld] with channels [q (hk·128) | k (hk·128) | v (H·128)]; the inputs of
+// the 3 positions before row 0 at hist[0..2] (same channel index; null: zeros); conv_w [C, 4] (column 3 multiplies
+// the current row); alpha / beta pre-activations of value head h at a / b [t·ab_t + h]; ssm_a, dt_bias [H]. The
+// normed q (for the output kernel) and v (read back by prep itself) are written to q, v in In's strides; In's q and
+// v must name the same buffers, its k, g, beta are not read. The caller advances the conv history afterwards.
+struct ConvIn {
+    const float* pre;
+    long long ld;
+    const float* hist[3];
+    const float* conv_w;
+    const float *a, *b;
+    long long ab_t;
+    const float *ssm_a, *dt_bias;
+    float *q, *v;
+};
+
 enum { OUT_O = 0, OUT_Y = 1, OUT_XB = 2 };
 // OUT_O: o [T, H·128] fp32. OUT_Y: y = RMSNorm(o) · norm · SiLU(z) per (token, head), fp32 [T, H·128] (gdn
 // out_norm). OUT_XB: the same as a split bf16 pair xb [2][T, H·128] (dn_gated_norm). z row stride ldz.
@@ -93,7 +110,9 @@ size_t tc_scratch_bytes(int T, int H);
 int tc_prepare(bool* ok);
 // The rule over T tokens of H value heads; state [H, 128, 128] read and overwritten, [dv][dk] when state_t
 // (the 0.8B megakernel's transposed layout) else [dk][dv] (cpu.py / the 27B ops).
-int tc_run(const In& in, float* state, bool state_t, const Out& out, void* scratch, int T, int H, cudaStream_t s);
+// cv: the conv front end, or null for post-conv inputs.
+int tc_run(const In& in, const ConvIn* cv, float* state, bool state_t, const Out& out, void* scratch, int T, int H,
+           cudaStream_t s);
 
 }  // namespace dn
 

@@ -4,7 +4,9 @@
 // three MMAs per product (lo·hi + hi·lo + hi·hi, fp32 accumulate): ~6e-6 relative error against float64 in a numpy
 // emulation of this scheme at the op tests' shapes, where fp32 gives ~4e-7 and the tests allow 1e-4
 // (docs/perf.md "v7: chunked DeltaNet prefill"). Three kernels:
-//  1. tc_prep, one block per (chunk, value head), all chunks at once: cum = cumsum(g); the Gram k·kᵀ and q·kᵀ
+//  1. prep_kernel (deltanet_tc_prep.cu), one block per (chunk, value head), all chunks at once, from post-conv q, k,
+//     v, g, beta or (the prefills) from the pre-conv rows, doing the conv, SiLU, norms, g and beta for its own heads:
+//     cum = cumsum(g); the Gram k·kᵀ and q·kᵀ
 //     (lower triangle only, 5 tiles a warp); L = β k kᵀ e^(cum_i − cum_j); the UT system (I + L)[u | w] =
 //     [βv | βk e^cum] solved blockwise: the four 16 x 16 diagonal blocks inverted by substitution (64 threads),
 //     then 4 block rows X_b = (I + L_bb)⁻¹ (R_b − Σ_{a<b} L_ba X_a) as products, every warp owning 32 of the 256
@@ -21,363 +23,12 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "deltanet_chunked.cuh"
-#include "lb_arch.cuh"
-#include "pf_common.cuh"
+#include "deltanet_tc.cuh"
 
 namespace pf {
 namespace dn {
+namespace tc {
 namespace {
-
-constexpr int NT = 256;       // threads of every kernel here (8 warps)
-constexpr int LDF = D + 8;    // 136: fp32 row of a [64][128] tile; float2 fragment loads hit 32 banks (≡ 8 mod 32)
-constexpr int LDV = D + 4;    // 132: fp32 row of prep's v tile (the solve's column reads hit 32 banks)
-constexpr int LDL = CH + 8;   // 72: fp32 row of −L
-constexpr int LDI = 24;       // fp32 row of a 16 x 16 diagonal inverse
-constexpr int LB128 = D + 8;  // 136 bf16 (272 B ≡ 16 mod 128): ldmatrix rows of a 128-wide tile on distinct banks
-constexpr int LB64 = CH + 8;  // 72 bf16 (144 B ≡ 16 mod 128)
-constexpr int LDO = D + 4;    // 132: fp32 row of the output stage
-
-// Per-unit sizes of the scratch regions (elements).
-constexpr size_t UV_N = 8 * 8 * 32 * 4;  // 8192 fp32: [8 dv m-tiles][8 time n-tiles][32 lanes][4]
-constexpr size_t WT_N = 2 * D * CH;      // 16384 bf16
-constexpr size_t KT_N = 2 * CH * D;      // 16384 bf16
-constexpr size_t AQ_N = 2 * CH * CH;     // 8192 bf16
-constexpr size_t HS_N = 8 * 8 * 2 * 32 * 4;  // 16384 u32: [8 dv m-tiles][8 dk k-steps][hi, lo][32 lanes][4]
-// V_newᵀ fragments [8 m-tiles][4 time k-steps][hi, lo][32][4] u32 overlay Uᵀ: the same 4 KB per m-tile, written by
-// the block that read that m-tile's Uᵀ, after its warps used it.
-static_assert(8 * 4 * 2 * 32 * 4 == UV_N, "V_new fragments fill the Uᵀ region");
-
-size_t align256(size_t x) { return (x + 255) / 256 * 256; }
-
-TcScratch carve_tc(void* base, int T, int H, size_t* total) {
-    const size_t units = (size_t)H * n_chunks(T);
-    char* p = static_cast<char*>(base);
-    size_t off = 0;
-    auto take = [&](size_t bytes) {
-        char* at = p ? p + off : nullptr;
-        off += align256(bytes);
-        return at;
-    };
-    TcScratch s;
-    s.uv = reinterpret_cast<float*>(take(units * UV_N * 4));
-    s.wt = reinterpret_cast<uint16_t*>(take(units * WT_N * 2));
-    s.kt = reinterpret_cast<uint16_t*>(take(units * KT_N * 2));
-    s.aqk = reinterpret_cast<uint16_t*>(take(units * AQ_N * 2));
-    s.hs = reinterpret_cast<uint32_t*>(take(units * HS_N * 4));
-    s.cum = reinterpret_cast<float*>(take(units * CH * 4));
-    if (total) *total = off;
-    return s;
-}
-
-// ---- fragments (mma.sync m16n8k16 bf16, PTX ISA layouts; g = lane / 4, t = lane % 4) ----
-// A (16 x 16, row): a[0] = (g, 2t..2t+1), a[1] = (g+8, 2t..), a[2] = (g, 2t+8..), a[3] = (g+8, 2t+8..).
-// B (16 x 8, col):  b[0] = (k 2t..2t+1, n g), b[1] = (k 2t+8.., n g).  C: c[0..1] = (g, 2t..), c[2..3] = (g+8, 2t..).
-// Each 32-bit register holds two bf16, the lower column / k index in the low half.
-
-// c += a·b on split operands: the two small cross terms first, then hi·hi.
-__device__ __forceinline__ void mma3(float c[4], const uint32_t ah[4], const uint32_t al[4], uint32_t bh0,
-                                     uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-    const uint32_t bh[2] = {bh0, bh1}, bl[2] = {bl0, bl1};
-    mma_bf16(c, al, bh);
-    mma_bf16(c, ah, bl);
-    mma_bf16(c, ah, bh);
-}
-
-// A fragment of rows r0.., columns c0.. of an fp32 [rows][ld] tile (ld ≡ 8 mod 32), split into a pair.
-__device__ __forceinline__ void frag_a_f32(const float* s, int ld, int r0, int c0, uint32_t h[4], uint32_t l[4]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const float* p = s + (r0 + g) * ld + c0 + 2 * t;
-    const float2 x0 = *reinterpret_cast<const float2*>(p);
-    const float2 x1 = *reinterpret_cast<const float2*>(p + 8 * ld);
-    const float2 x2 = *reinterpret_cast<const float2*>(p + 8);
-    const float2 x3 = *reinterpret_cast<const float2*>(p + 8 * ld + 8);
-    split_bf2(x0.x, x0.y, h[0], l[0]);
-    split_bf2(x1.x, x1.y, h[1], l[1]);
-    split_bf2(x2.x, x2.y, h[2], l[2]);
-    split_bf2(x3.x, x3.y, h[3], l[3]);
-}
-
-// B fragment with B[k][n] = s[(n0 + n)·ld + k0 + k] (a tile stored [n][k], fp32, ld ≡ 8 mod 32), split.
-__device__ __forceinline__ void frag_b_f32(const float* s, int ld, int n0, int k0, uint32_t h[2], uint32_t l[2]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const float* p = s + (n0 + g) * ld + k0 + 2 * t;
-    const float2 x0 = *reinterpret_cast<const float2*>(p);
-    const float2 x1 = *reinterpret_cast<const float2*>(p + 8);
-    split_bf2(x0.x, x0.y, h[0], l[0]);
-    split_bf2(x1.x, x1.y, h[1], l[1]);
-}
-
-// Two n8 accumulators (k columns 0-7 and 8-15 of a 16-row result) as the A fragment of the next product.
-__device__ __forceinline__ void c_to_a(const float c0[4], const float c1[4], uint32_t h[4], uint32_t l[4]) {
-    split_bf2(c0[0], c0[1], h[0], l[0]);
-    split_bf2(c0[2], c0[3], h[1], l[1]);
-    split_bf2(c1[0], c1[1], h[2], l[2]);
-    split_bf2(c1[2], c1[3], h[3], l[3]);
-}
-
-// ldmatrix lane addresses (bf16 tiles, element offsets):
-// A (16 x 16) at (r0, c0) of a [m][k] tile: r[0..3] = a[0..3].
-__device__ __forceinline__ int lda_off(int ld, int r0, int c0) {
-    const int lane = threadIdx.x & 31;
-    return (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8;
-}
-// B of two n-tiles (n0.., n0+8..) x k16 (k0..) from a [n][k] tile (non-trans): r[0..1] = n-tile 0, r[2..3] = n-tile 1.
-__device__ __forceinline__ int ldb_nk_off(int ld, int n0, int k0) {
-    const int lane = threadIdx.x & 31;
-    return (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8;
-}
-// The same from a [k][n] tile (ldmatrix .trans).
-__device__ __forceinline__ int ldb_kn_off(int ld, int k0, int n0) {
-    const int lane = threadIdx.x & 31, mi = lane >> 3;
-    return (k0 + (mi & 1) * 8 + (lane & 7)) * ld + n0 + (mi >> 1) * 8;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// 1. prep
-constexpr size_t PREP_SMEM = (size_t)(2 * CH * LDF + CH * LDL + 4 * 16 * LDI + 4 * CH) * 4;  // 95,232 B
-
-__global__ void __launch_bounds__(NT, 2) tc_prep(const In in, const TcScratch sc, int T) {
-    extern __shared__ __align__(16) float sm[];
-    float* Ks = sm;                  // [64][LDF] k (the key head's rows of this chunk)
-    float* Qs = Ks + CH * LDF;       // [64][LDF] q; after the Gram v, [64][LDV]
-    float* Vs = Qs;
-    float* Ln = Qs + CH * LDF;       // [64][LDL] −L (strictly lower; zeros above the computed tiles unread)
-    float* Iv = Ln + CH * LDL;       // [4][16][LDI] (I + L_bb)⁻¹
-    float* cum = Iv + 4 * 16 * LDI;  // [64]
-    float* bet = cum + CH;           // [64] beta, 0 past the prompt
-    float* ecum = bet + CH;          // [64] e^cum
-    float* etail = ecum + CH;        // [64] e^(last − cum)
-    const int c = blockIdx.x, h = blockIdx.y, nch = gridDim.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int gq = lane >> 2, tq = lane & 3;
-    const int t0 = c * CH, L = min(CH, T - t0);
-    const size_t unit = (size_t)h * nch + c;
-    const long long qk0 = (long long)t0 * in.qk_t + (long long)(h % in.hk) * in.qk_h;
-
-    // rows past the prompt are zero-filled (and get beta = 0, g = 0: they solve to zero and leave cum flat)
-    for (int idx = tid; idx < CH * (D / 4); idx += NT) {
-        const int i = idx >> 5, d = (idx & 31) * 4;
-        const bool ok = i < L;
-        const long long off = qk0 + (long long)(ok ? i : 0) * in.qk_t + d;
-        cp_async16_zfill(Ks + i * LDF + d, in.k + off, ok);
-        cp_async16_zfill(Qs + i * LDF + d, in.q + off, ok);
-    }
-    cp_async_commit();
-    const float* gp = in.g + (long long)t0 * in.gb_t + (long long)h * in.gb_h;
-    if (warp == 0) {
-        // cumsum over the 64 rows, two a lane: a shuffle scan of the pair sums
-        const int i0 = 2 * lane;
-        const float g0 = i0 < L ? gp[(long long)i0 * in.gb_t] : 0.0f;
-        const float g1 = i0 + 1 < L ? gp[(long long)(i0 + 1) * in.gb_t] : 0.0f;
-        float p = g0 + g1;
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const float y = __shfl_up_sync(LB_FULL_MASK, p, off);
-            if (lane >= off) p += y;
-        }
-        float ex = __shfl_up_sync(LB_FULL_MASK, p, 1);
-        if (lane == 0) ex = 0.0f;
-        const float c0 = ex + g0, c1 = c0 + g1;
-        const float last = __shfl_sync(LB_FULL_MASK, c1, 31);
-        cum[i0] = c0;
-        cum[i0 + 1] = c1;
-        ecum[i0] = expf(c0);
-        ecum[i0 + 1] = expf(c1);
-        etail[i0] = expf(last - c0);
-        etail[i0 + 1] = expf(last - c1);
-        *reinterpret_cast<float2*>(sc.cum + unit * CH + i0) = make_float2(c0, c1);
-    } else if (warp == 1) {
-        const float* bp = in.beta + (long long)t0 * in.gb_t + (long long)h * in.gb_h;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int i = 2 * lane + e;
-            bet[i] = i < L ? bp[(long long)i * in.gb_t] : 0.0f;
-        }
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-
-    // K̃ = k e^(last − cum) as a pair, for the state pass's S update
-    {
-        uint16_t* kh = sc.kt + unit * KT_N;
-        for (int idx = tid; idx < CH * (D / 4); idx += NT) {
-            const int i = idx >> 5, d = (idx & 31) * 4;
-            const float4 x = *reinterpret_cast<const float4*>(Ks + i * LDF + d);
-            const float e = etail[i];
-            uint2 hi, lo;
-            split_bf2(x.x * e, x.y * e, hi.x, lo.x);
-            split_bf2(x.z * e, x.w * e, hi.y, lo.y);
-            *reinterpret_cast<uint2*>(kh + i * D + d) = hi;
-            *reinterpret_cast<uint2*>(kh + CH * D + i * D + d) = lo;
-        }
-    }
-
-    // Gram: warps 0-3 k·kᵀ (strictly lower: L), warps 4-7 q·kᵀ (lower: Aqk). The 20 lower 16 x 8 tiles of each
-    // are 5 per warp: `mA` from n-tile `njA` for e0 tiles, then m-tile mB from n-tile 0.
-    {
-        const int kind = warp >> 2, sub = warp & 3;
-        const int mA = sub < 2 ? 3 : 2, njA = (sub & 1) ? 5 : 0;
-        const int e0 = sub == 0 ? 5 : (sub == 1 ? 3 : (sub == 2 ? 5 : 1));
-        const int mB = sub == 1 ? 0 : 1;
-        const float* As = kind ? Qs : Ks;
-        float acc[5][4];
-#pragma unroll
-        for (int e = 0; e < 5; ++e)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[e][r] = 0.0f;
-#pragma unroll 2
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t aAh[4], aAl[4], aBh[4] = {}, aBl[4] = {};
-            frag_a_f32(As, LDF, 16 * mA, 16 * kk, aAh, aAl);
-            if (e0 < 5) frag_a_f32(As, LDF, 16 * mB, 16 * kk, aBh, aBl);
-#pragma unroll
-            for (int e = 0; e < 5; ++e) {
-                const bool onA = e < e0;
-                const int nj = onA ? njA + e : e - e0;
-                uint32_t bh[2], bl[2], ah[4], al[4];
-                frag_b_f32(Ks, LDF, 8 * nj, 16 * kk, bh, bl);
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    ah[r] = onA ? aAh[r] : aBh[r];
-                    al[r] = onA ? aAl[r] : aBl[r];
-                }
-                mma3(acc[e], ah, al, bh[0], bh[1], bl[0], bl[1]);
-            }
-        }
-        uint16_t* aq = sc.aqk + unit * AQ_N;
-#pragma unroll
-        for (int e = 0; e < 5; ++e) {
-            const bool onA = e < e0;
-            const int mi = onA ? mA : mB, nj = onA ? njA + e : e - e0;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int i = 16 * mi + gq + 8 * half, j = 8 * nj + 2 * tq;
-                const float ci = cum[i];
-                // decay e^(cum_i − cum_j) only where j <= i: the exponent is never positive there
-                const float d0 = expf(ci - cum[j]), d1 = expf(ci - cum[j + 1]);
-                const float x0 = acc[e][2 * half], x1 = acc[e][2 * half + 1];
-                if (kind == 0) {
-                    const float b = bet[i];
-                    *reinterpret_cast<float2*>(Ln + i * LDL + j) =
-                        make_float2(j < i ? -(b * x0 * d0) : 0.0f, j + 1 < i ? -(b * x1 * d1) : 0.0f);
-                } else {
-                    uint32_t hi, lo;
-                    split_bf2(j <= i ? x0 * d0 : 0.0f, j + 1 <= i ? x1 * d1 : 0.0f, hi, lo);
-                    *reinterpret_cast<uint32_t*>(aq + i * CH + j) = hi;
-                    *reinterpret_cast<uint32_t*>(aq + CH * CH + i * CH + j) = lo;
-                }
-            }
-        }
-    }
-    __syncthreads();  // q read by every warp, −L written: v may land over q
-    {
-        const long long v0 = (long long)t0 * in.v_t + (long long)h * in.v_h;
-        for (int idx = tid; idx < CH * (D / 4); idx += NT) {
-            const int i = idx >> 5, d = (idx & 31) * 4;
-            const bool ok = i < L;
-            cp_async16_zfill(Vs + i * LDV + d, in.v + v0 + (long long)(ok ? i : 0) * in.v_t + d, ok);
-        }
-        cp_async_commit();
-    }
-    // (I + L_bb)⁻¹ of the four diagonal blocks, one column per thread, column-oriented substitution:
-    // x = e_j; for m ascending, x_i += (−L)_im x_m for every i > m.
-    if (tid < 64) {
-        const int b = tid >> 4, j = tid & 15;
-        const float* Lb = Ln + 16 * b * LDL + 16 * b;
-        float x[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) x[i] = i == j ? 1.0f : 0.0f;
-#pragma unroll
-        for (int m = 0; m < 15; ++m)
-#pragma unroll
-            for (int i = m + 1; i < 16; ++i) x[i] = fmaf(Lb[i * LDL + m], x[m], x[i]);
-        float* Ib = Iv + b * 16 * LDI;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) Ib[i * LDI + j] = x[i];
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-
-    // The blocked solve, transposed: warp w owns right-hand columns col0 .. col0 + 31 (w < 4: u = (I + L)⁻¹ βv,
-    // else w = (I + L)⁻¹ βk e^cum) as Xᵀ [2 m-tiles of columns][4 time blocks][2 n-tiles of 8 times].
-    //   Cᵀ_b = Rᵀ_b + Σ_{a<b} Xᵀ_a (−L_ba)ᵀ;  Xᵀ_b = Cᵀ_b ((I + L_bb)⁻¹)ᵀ
-    {
-        const int part = warp >> 2, col0 = 32 * (warp & 3);
-        float x[2][4][2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int b = 0; b < 4; ++b)
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        const int col = col0 + 16 * mt + gq + 8 * (r >> 1), i = 16 * b + 8 * nt + 2 * tq + (r & 1);
-                        x[mt][b][nt][r] = part ? Ks[i * LDF + col] * ecum[i] * bet[i] : Vs[i * LDV + col] * bet[i];
-                    }
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-#pragma unroll
-            for (int a = 0; a < b; ++a) {
-                uint32_t ah[2][4], al[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) c_to_a(x[mt][a][0], x[mt][a][1], ah[mt], al[mt]);
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
-                    uint32_t bh[2], bl[2];
-                    frag_b_f32(Ln, LDL, 16 * b + 8 * nt, 16 * a, bh, bl);
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) mma3(x[mt][b][nt], ah[mt], al[mt], bh[0], bh[1], bl[0], bl[1]);
-                }
-            }
-            uint32_t ch[2][4], cl[2][4];
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                c_to_a(x[mt][b][0], x[mt][b][1], ch[mt], cl[mt]);
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) x[mt][b][nt][r] = 0.0f;
-            }
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                uint32_t bh[2], bl[2];
-                frag_b_f32(Iv + b * 16 * LDI, LDI, 8 * nt, 0, bh, bl);
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt) mma3(x[mt][b][nt], ch[mt], cl[mt], bh[0], bh[1], bl[0], bl[1]);
-            }
-        }
-        if (part == 0) {
-            // Uᵀ in accumulator order: [dv m-tile][time n-tile][lane][4], the state pass's initial V_newᵀ
-            float* up = sc.uv + unit * UV_N;
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int b = 0; b < 4; ++b)
-#pragma unroll
-                    for (int nt = 0; nt < 2; ++nt)
-                        *reinterpret_cast<float4*>(up + (((2 * warp + mt) * 8 + 2 * b + nt) * 32 + lane) * 4) =
-                            make_float4(x[mt][b][nt][0], x[mt][b][nt][1], x[mt][b][nt][2], x[mt][b][nt][3]);
-        } else {
-            // −Wᵀ [dk][time] as a pair
-            uint16_t* wp = sc.wt + unit * WT_N;
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int b = 0; b < 4; ++b)
-#pragma unroll
-                    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                        for (int half = 0; half < 2; ++half) {
-                            const int dk = col0 + 16 * mt + gq + 8 * half, i = 16 * b + 8 * nt + 2 * tq;
-                            uint32_t hi, lo;
-                            split_bf2(-x[mt][b][nt][2 * half], -x[mt][b][nt][2 * half + 1], hi, lo);
-                            *reinterpret_cast<uint32_t*>(wp + dk * CH + i) = hi;
-                            *reinterpret_cast<uint32_t*>(wp + D * CH + dk * CH + i) = lo;
-                        }
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // 2. the state pass: block (dv slice of NS columns, head); warp (mt, part): dv m-tile mt of the slice, and of the
@@ -703,37 +354,6 @@ __global__ void __launch_bounds__(NT, 2) tc_output(const In in, const TcScratch 
 // ---------------------------------------------------------------------------------------------------------------
 // host
 
-struct Dev {
-    int sms = 0, optin = 0, major = 0;
-};
-
-// SM count, opt-in shared memory and compute capability of the current device, asked once per device.
-cudaError_t device_info(Dev* out) {
-    constexpr int kMaxDevices = 64;
-    static std::atomic<int> sms[kMaxDevices], optin[kMaxDevices], major[kMaxDevices];  // 0: not asked yet
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return e;
-    if (dev < kMaxDevices && sms[dev].load(std::memory_order_relaxed) > 0) {
-        out->sms = sms[dev].load(std::memory_order_relaxed);
-        out->optin = optin[dev].load(std::memory_order_relaxed);
-        out->major = major[dev].load(std::memory_order_relaxed);
-        return cudaSuccess;
-    }
-    Dev d;
-    e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (e != cudaSuccess) return e;
-    if (dev < kMaxDevices) {
-        optin[dev].store(d.optin, std::memory_order_relaxed);
-        major[dev].store(d.major, std::memory_order_relaxed);
-        sms[dev].store(d.sms, std::memory_order_relaxed);
-    }
-    *out = d;
-    return cudaSuccess;
-}
-
 // Test switches, read once per process: LUCEBOX_DN_SLICE (32 / 64 dv columns a state-pass block), LUCEBOX_DN_SCAN
 // (split1: single-buffered tiles, split2: double-buffered; the fp32 path's switch, same meaning).
 struct Force {
@@ -762,9 +382,37 @@ cudaError_t set_state_smem(const Dev& d) {
 
 }  // namespace
 
+cudaError_t device_info(Dev* out) {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> sms[kMaxDevices], optin[kMaxDevices], major[kMaxDevices];  // 0: not asked yet
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    if (dev < kMaxDevices && sms[dev].load(std::memory_order_relaxed) > 0) {
+        out->sms = sms[dev].load(std::memory_order_relaxed);
+        out->optin = optin[dev].load(std::memory_order_relaxed);
+        out->major = major[dev].load(std::memory_order_relaxed);
+        return cudaSuccess;
+    }
+    Dev d;
+    e = cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess) return e;
+    if (dev < kMaxDevices) {
+        optin[dev].store(d.optin, std::memory_order_relaxed);
+        major[dev].store(d.major, std::memory_order_relaxed);
+        sms[dev].store(d.sms, std::memory_order_relaxed);
+    }
+    *out = d;
+    return cudaSuccess;
+}
+
+}  // namespace tc
+
 size_t tc_scratch_bytes(int T, int H) {
     size_t total = 0;
-    carve_tc(nullptr, T, H, &total);
+    tc::carve_tc(nullptr, T, H, &total);
     return total;
 }
 
@@ -779,12 +427,13 @@ int tc_prepare(bool* ok) {
         *ok = k == 1;
         return (int)cudaSuccess;
     }
-    Dev d;
-    if ((e = device_info(&d)) != cudaSuccess) return (int)e;
+    tc::Dev d;
+    if ((e = tc::device_info(&d)) != cudaSuccess) return (int)e;
     // sm_80+ (bf16 mma.sync, cp.async) and room for the biggest fixed-size kernel (prep) and the smallest state pass
-    *ok = d.major >= 8 && (size_t)d.optin >= PREP_SMEM && (size_t)d.optin >= state_smem(32, false);
+    *ok = d.major >= 8 && (size_t)d.optin >= tc::prep_smem() && (size_t)d.optin >= tc::state_smem(32, false);
     if (*ok) {
-        e = cudaFuncSetAttribute(tc_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PREP_SMEM);
+        using namespace tc;
+        e = prep_prepare();
         if (e == cudaSuccess)
             e = cudaFuncSetAttribute(tc_output<OUT_O>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)OUT_SMEM);
         if (e == cudaSuccess)
@@ -801,14 +450,15 @@ int tc_prepare(bool* ok) {
     return (int)cudaSuccess;
 }
 
-int tc_run(const In& in, float* state, bool state_t, const Out& out, void* scratch, int T, int H, cudaStream_t s) {
+int tc_run(const In& in, const ConvIn* cv, float* state, bool state_t, const Out& out, void* scratch, int T, int H,
+           cudaStream_t s) {
+    using namespace tc;
     Dev d;
     cudaError_t e = device_info(&d);
     if (e != cudaSuccess) return (int)e;
     const TcScratch sc = carve_tc(scratch, T, H, nullptr);
     const int nch = n_chunks(T);
-    tc_prep<<<dim3(nch, H), NT, PREP_SMEM, s>>>(in, sc, T);
-    if ((e = cudaGetLastError()) != cudaSuccess) return (int)e;
+    if ((e = prep_launch(in, cv, sc, T, H, s)) != cudaSuccess) return (int)e;
     // The state pass re-reads a head's −Wᵀ and K̃ tiles (64 KB a chunk) in every dv-slice block: 32-column slices
     // while they make no more blocks than SMs (the 0.8B: 64 blocks), else 64-column slices (the 27B: 96 blocks),
     // where the shared memory allows; tiles double-buffered where it allows that. LUCEBOX_DN_SLICE=32|64 and

@@ -131,7 +131,7 @@ static int run(const float* q, const float* k, const float* v, const float* g, c
     out.ldz = hv * D;
     out.norm = norm_w;
     out.eps = eps;
-    return pf::dn::tc_run(in, state, false, out, scratch, T, hv, s);
+    return pf::dn::tc_run(in, nullptr, state, false, out, scratch, T, hv, s);
 }
 
 int chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
@@ -164,8 +164,8 @@ extern "C" LB_API uint64_t lb_gdn_prefill_scratch_bytes(int t, int hk, int hv) {
 }
 
 // A prompt segment of one DeltaNet layer: conv + prep (advancing the conv state), the chunked rule
-// (advancing the state), the gated output norm into y [T, Hv*128] (fused into the rule's output kernel on the
-// tensor-core path). z [T, Hv*128]; pre [T, C].
+// (advancing the state), the gated output norm into y [T, Hv*128]. z [T, Hv*128]; pre [T, C]. On the tensor-core
+// path the conv runs inside the chunk prep and the norm inside the chunk output (three kernels and the conv advance).
 extern "C" LB_API int lb_gdn_prefill(const void* pre, const void* a, const void* b, const void* z,
                                      const void* conv_w, const void* ssm_a, const void* dt_bias, const void* norm_w,
                                      void* conv_state, void* state, void* y, void* scratch, int t, int hk, int hv,
@@ -183,6 +183,41 @@ extern "C" LB_API int lb_gdn_prefill(const void* pre, const void* a, const void*
     float* bt = g + (size_t)t * hv;
     const uint64_t step = (uint64_t)t * (2 * hk * D + 2 * hv * D + 2 * hv) * 4;
     void* rest = static_cast<char*>(scratch) + (step + 255) / 256 * 256;
+    bool tc = false;
+    LB_CUDA_TRY((cudaError_t)pf::dn_tc_path(&tc));
+    if (tc) {
+        // the conv, norms, g and beta inside the chunk prep (q and v through the step buffers), the out_norm inside
+        // the chunk output; then the conv state advanced, after the prep has read it
+        pf::dn::In in{};
+        in.q = q, in.v = v;
+        in.qk_t = (long long)hk * D, in.qk_h = D;
+        in.v_t = (long long)hv * D, in.v_h = D;
+        in.gb_t = hv, in.gb_h = 1;
+        in.hk = hk;
+        pf::dn::ConvIn cv{};
+        cv.pre = static_cast<const float*>(pre);
+        cv.ld = C;
+        for (int j = 0; j < 3; ++j) cv.hist[j] = static_cast<const float*>(conv_state) + (size_t)j * C;
+        cv.conv_w = static_cast<const float*>(conv_w);
+        cv.a = static_cast<const float*>(a);
+        cv.b = static_cast<const float*>(b);
+        cv.ab_t = hv;
+        cv.ssm_a = static_cast<const float*>(ssm_a);
+        cv.dt_bias = static_cast<const float*>(dt_bias);
+        cv.q = q;
+        cv.v = v;
+        pf::dn::Out out{};
+        out.mode = pf::dn::OUT_Y;
+        out.o = static_cast<float*>(y);
+        out.z = static_cast<const float*>(z);
+        out.ldz = hv * D;
+        out.norm = static_cast<const float*>(norm_w);
+        out.eps = eps;
+        LB_CUDA_TRY((cudaError_t)pf::dn::tc_run(in, &cv, static_cast<float*>(state), false, out, rest, t, hv, s));
+        LB_CUDA_TRY((cudaError_t)gdn::conv_advance(static_cast<const float*>(pre), C, static_cast<float*>(conv_state),
+                                                   t, C, s));
+        return LB_OK;
+    }
     LB_CUDA_TRY((cudaError_t)gdn::conv_prep(static_cast<const float*>(pre), C, static_cast<const float*>(a),
                                             static_cast<const float*>(b), static_cast<const float*>(conv_w),
                                             static_cast<const float*>(ssm_a), static_cast<const float*>(dt_bias),

@@ -48,6 +48,13 @@ int dn_chunked(const float* q, const float* k, const float* v, const float* g, c
 int dn_chunked_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
                     float* o, const float* z, int ldz, const float* norm, uint16_t* xb, void* scratch, int T, int H,
                     float eps, cudaStream_t s);
+// One DeltaNet layer of the 0.8B prefill after its in-projection y [T, ldy] = [q | k | v | z | beta | alpha]: conv
+// (history from and then into `ring`, as dn_conv_prep / dn_ring_write), the chunked rule on state, the gated norm
+// into xb. The tensor-core path does the conv in its prep kernel (q and v written to q, v; k, g, beta, o unused);
+// the fp32 path runs dn_conv_prep, dn_ring_write, dn_chunked and dn_gated_norm through q, k, v, g, beta, o.
+int dn_layer(const float* y, int ldy, float* ring, const float* conv_w, const float* ssm_a, const float* dt_bias,
+             const float* norm, float* state, float* q, float* k, float* v, float* g, float* beta, float* o,
+             uint16_t* xb, void* scratch, int T, int pos0, float eps, cudaStream_t s);
 // *tc = whether dn_chunked runs on the tensor cores on the current device (LUCEBOX_DN_PREFILL read once a process).
 int dn_tc_path(bool* tc);
 // Causal conv (kernel 4, history from the position ring `ring` [4, C], slot p % 4 = position p) +

@@ -285,10 +285,12 @@ def test_chunked(hk, hv, t):
 
 
 @pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
-def test_prefill(hk, hv):
+@pytest.mark.parametrize("t", [1, 64, 150, 520])
+def test_prefill(hk, hv, t):
+    """One layer's prompt segment (lb_gdn_prefill: on the tensor-core path the conv inside the chunk prep and the
+    out_norm inside the chunk output): y, the state and the conv state (exact) against cpu.py's math."""
     from gdn_attn_dev import lib
 
-    t = 150
     w, x = weights(hk, hv, 50), layer_inputs(t, hk, hv, 51)
     state = delta_inputs(1, hk, hv, 52)[5]
     q, k, v, g, beta, conv_new = prep_ref(x, w, hk, hv)

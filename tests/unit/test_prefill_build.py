@@ -18,7 +18,8 @@ from lucebox_cli.errors import EngineUnavailable
 from cuda_build import REPO, finish_compile, needs_nvcc, start_compile
 
 SOURCES = ["cuda/ops/gemm_bf16.cu", "cuda/ops/gemm_cublas.cu", "cuda/ops/deltanet_chunked.cu",
-           "cuda/ops/deltanet_split.cu", "cuda/ops/deltanet_tc.cu", "cuda/ops/attn_prefill.cu",
+           "cuda/ops/deltanet_split.cu", "cuda/ops/deltanet_tc.cu", "cuda/ops/deltanet_tc_prep.cu",
+           "cuda/ops/attn_prefill.cu",
            "cuda/ops/pf_small.cu", "cuda/prefill/prefill_08b.cu", "cuda/core/cublas_rt.cu"]
 PROFILES = ["rtx3090-sm86", "h200-sm90"]
 
