@@ -54,16 +54,17 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
             }
         }
         // Causal conv (kernel 4) + SiLU of the chunk's rows of this block's q, k and v heads: an item is one channel
-        // over 16 rows, whose 19 inputs (3 before the rows: earlier rows of the prompt or the history) are loaded
-        // together; a warp takes 32 consecutive channels. q and k go to their tiles (normed below), v out to
-        // global memory, read back after the Gram like post-conv inputs.
-        for (int it = tid; it < 3 * 4 * D; it += NT) {
-            const int grp = it >> 9, r0 = 16 * ((it >> 7) & 3), d = it & (D - 1);
+        // over CR rows, whose CR + 3 inputs (3 before the rows: earlier rows of the prompt or the history) are loaded
+        // together (3 rounds of L2 latency a thread); a warp takes 32 consecutive channels. q and k go to their tiles
+        // (normed below), v out to global memory, read back after the Gram like post-conv inputs.
+        constexpr int CR = 32;
+        for (int it = tid; it < 3 * (CH / CR) * D; it += NT) {
+            const int grp = it / ((CH / CR) * D), r0 = CR * ((it / D) % (CH / CR)), d = it & (D - 1);
             const int ch = (grp == 0 ? kh : (grp == 1 ? in.hk + kh : 2 * in.hk + h)) * D + d;
             const float4 w = *reinterpret_cast<const float4*>(cv.conv_w + (size_t)ch * 4);
-            float x[19];
+            float x[CR + 3];
 #pragma unroll
-            for (int j = 0; j < 19; ++j) {
+            for (int j = 0; j < CR + 3; ++j) {
                 const int r = r0 - 3 + j, t = t0 + r;
                 float val = 0.0f;
                 if (r < L) {
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
                 x[j] = val;
             }
 #pragma unroll
-            for (int j = 0; j < 16; ++j) {
+            for (int j = 0; j < CR; ++j) {
                 const int r = r0 + j;
                 // the decode kernel's association (dn_conv)
                 const float s = r < L ? siluf_(fmaf(w.x, x[j], fmaf(w.y, x[j + 1], fmaf(w.z, x[j + 2], w.w * x[j + 3]))))
