@@ -272,8 +272,10 @@ def test_deltanet_chunked_vs_recurrent(lib, torch, t_len, h, g_max):
 
 
 # The other forms of lb_deltanet_chunked, each in a child process (the switches are read once per process): the fp32
-# kernels, and the tensor-core state pass with single-buffered tiles and with either slice width.
-DN_VARIANTS = {"fp32": {DN_ENV: "old"}, "split1": {"LUCEBOX_DN_SCAN": "split1"},
+# kernels (their state pass as the occupancy picks it and single-buffered), and the tensor-core state pass with
+# single-buffered tiles and with either slice width.
+DN_VARIANTS = {"fp32": {DN_ENV: "old"}, "fp32-split1": {DN_ENV: "old", "LUCEBOX_DN_SCAN": "split1"},
+               "split1": {"LUCEBOX_DN_SCAN": "split1"},
                "slice32": {"LUCEBOX_DN_SLICE": "32"}, "slice64-split1": {"LUCEBOX_DN_SLICE": "64",
                                                                          "LUCEBOX_DN_SCAN": "split1"}}
 
