@@ -117,12 +117,17 @@ LB_API int lb_gemm_bf16_cublas(const void* x, const void* w, void* y, int m, int
 
 /* Device scratch bytes lb_deltanet_chunked needs for t tokens and h heads (0 for bad sizes). */
 LB_API uint64_t lb_deltanet_chunked_scratch_bytes(int t, int h);
-/* Chunked gated delta rule (chunk 64, fp32, dk = dv = 128), the math of cpu.py gated_delta_chunked.
+/* Chunked gated delta rule (chunk 64, dk = dv = 128), the math of cpu.py gated_delta_chunked: fp32 inputs and
+ * outputs; the products on the tensor cores in split bf16 pairs (three MMAs each, ~6e-6 relative error) unless
+ * LUCEBOX_DN_PREFILL=old (fp32 CUDA cores; read once per process), lb_deltanet_chunked_path says which.
  * q, k, v f32 [h, t, 128] (head-major; q L2-normed and scaled by 1/sqrt(128), k L2-normed); g (log
  * decay <= 0) and beta f32 [h, t]; state f32 [h, dv, dk] (the megakernel's transposed layout), read as
  * the initial state and overwritten with the final one; o f32 [t, h*128] (token-major). */
 LB_API int lb_deltanet_chunked(const void* q, const void* k, const void* v, const void* g, const void* beta,
                                void* state, void* o, void* scratch, int t, int h, void* stream);
+/* 1 where the chunked DeltaNet (lb_deltanet_chunked, lb_gdn_chunked, lb_gdn_prefill and the 0.8B prefill) runs on
+ * the tensor cores on the current device, 0 where it runs the fp32 kernels; < 0 (an lb_status) on a CUDA error. */
+LB_API int lb_deltanet_chunked_path(void);
 
 /* Causal gated attention of t queries at positions pos0 .. pos0+t-1 over cache rows [0, pos] (head_dim
  * 256, n_heads == 4 * n_kv_heads), online softmax in fp32. qf f32 [t, n_heads, 256] (normed + RoPE'd,

@@ -15,8 +15,8 @@
 //     shapes: docs/perf.md "v4: the chunked DeltaNet's scan split in two"; it is in the history.)
 //     LUCEBOX_DN_SCAN=split1 / split2 (read once per process) force the state pass single / double-
 //     buffered; by default the occupancy decides.
-// fp32 on CUDA cores: ~1.4 GFLOP per layer at pp520 for 16 heads. Next step (issue 6): a 3xTF32
-// tensor-core path.
+// fp32 on CUDA cores: ~1.4 GFLOP per layer at pp520 for 16 heads. This is the LUCEBOX_DN_PREFILL=old path; the
+// default is the tensor-core form of the same math (deltanet_tc.cu), dn_chunked dispatches.
 #include "lb_check.cuh"
 #include "lucebox.h"
 #include <cstdlib>
@@ -221,11 +221,18 @@ __global__ void dn_gated_norm_kernel(const float* __restrict__ o, const float* _
 
 }  // namespace
 
-size_t dn_scratch_bytes(int T, int H) { return dn::scratch_floats(T, H) * 4; }
+size_t dn_scratch_bytes_old(int T, int H) { return dn::scratch_floats(T, H) * 4; }
+
+size_t dn_scratch_bytes(int T, int H) {
+    const size_t a = dn_scratch_bytes_old(T, H), b = dn::tc_scratch_bytes(T, H);
+    return a > b ? a : b;
+}
 
 int dn_prepare() {
     cudaError_t e = cudaFuncSetAttribute(dn_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PREP_SMEM);
     if (e == cudaSuccess) e = (cudaError_t)dn::split_prepare();
+    bool ok = false;
+    if (e == cudaSuccess) e = (cudaError_t)dn::tc_prepare(&ok);
     return (int)e;
 }
 
@@ -241,13 +248,107 @@ static int scan_mode() {
     return mode;
 }
 
-int dn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
-               float* o, void* scratch, int T, int H, cudaStream_t s) {
+int dn_tc_path(bool* tc) {
+    *tc = false;
+    if (!dn_prefill_tc()) return (int)cudaSuccess;
+    return dn::tc_prepare(tc);
+}
+
+// The fp32 path: dn_chunk_prep, then the split scan (deltanet_split.cu).
+static int chunked_old(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                       float* state, float* o, void* scratch, int T, int H, cudaStream_t s) {
     const Scratch sc = dn::carve(scratch, T, H);
     dn_chunk_prep<<<dim3(n_chunks(T), H), 256, PREP_SMEM, s>>>(q, k, v, g, beta, sc, T);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return (int)e;
     return dn::split_scan(q, k, sc, state, o, T, H, scan_mode(), s);
+}
+
+// The head-major inputs [H, T, 128] / [H, T] of the 0.8B prefill as the tensor-core path's strides.
+static dn::In head_major(const float* q, const float* k, const float* v, const float* g, const float* beta, int T,
+                         int H) {
+    dn::In in;
+    in.q = q, in.k = k, in.v = v, in.g = g, in.beta = beta;
+    in.qk_t = D, in.qk_h = (long long)T * D;
+    in.v_t = D, in.v_h = (long long)T * D;
+    in.gb_t = 1, in.gb_h = T;
+    in.hk = H;
+    return in;
+}
+
+int dn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+               float* o, void* scratch, int T, int H, cudaStream_t s) {
+    bool tc = false;
+    const int e = dn_tc_path(&tc);
+    if (e != (int)cudaSuccess) return e;
+    if (!tc) return chunked_old(q, k, v, g, beta, state, o, scratch, T, H, s);
+    dn::Out out{};
+    out.mode = dn::OUT_O;
+    out.o = o;
+    return dn::tc_run(head_major(q, k, v, g, beta, T, H), nullptr, state, true, out, scratch, T, H, s);
+}
+
+int dn_chunked_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+                    float* o, const float* z, int ldz, const float* norm, uint16_t* xb, void* scratch, int T, int H,
+                    float eps, cudaStream_t s) {
+    bool tc = false;
+    int e = dn_tc_path(&tc);
+    if (e != (int)cudaSuccess) return e;
+    if (!tc) {
+        if ((e = chunked_old(q, k, v, g, beta, state, o, scratch, T, H, s)) != (int)cudaSuccess) return e;
+        return dn_gated_norm(o, z, ldz, norm, xb, T, eps, s);
+    }
+    dn::Out out{};
+    out.mode = dn::OUT_XB;
+    out.xb = xb;
+    out.z = z;
+    out.ldz = ldz;
+    out.norm = norm;
+    out.eps = eps;
+    return dn::tc_run(head_major(q, k, v, g, beta, T, H), nullptr, state, true, out, scratch, T, H, s);
+}
+
+int dn_layer(const float* y, int ldy, float* ring, const float* conv_w, const float* ssm_a, const float* dt_bias,
+             const float* norm, float* state, float* q, float* k, float* v, float* g, float* beta, float* o,
+             uint16_t* xb, void* scratch, int T, int pos0, float eps, cudaStream_t s) {
+    bool tc = false;
+    int e = dn_tc_path(&tc);
+    if (e != (int)cudaSuccess) return e;
+    const float* z = y + C_QKV;  // y rows: [q | k | v (C_QKV) | z (NH·128) | beta (NH) | alpha (NH)]
+    if (!tc) {
+        if ((e = dn_conv_prep(y, ldy, ring, conv_w, ssm_a, dt_bias, q, k, v, g, beta, T, pos0, s)) != (int)cudaSuccess)
+            return e;
+        if ((e = dn_ring_write(y, ldy, ring, T, pos0, s)) != (int)cudaSuccess) return e;
+        return dn_chunked_norm(q, k, v, g, beta, state, o, z, ldy, norm, xb, scratch, T, NH, eps, s);
+    }
+    dn::ConvIn cv{};
+    cv.pre = y;
+    cv.ld = ldy;
+    for (int j = 0; j < 3; ++j) {
+        // positions pos0 - 3 .. pos0 - 1: the ring slot of an earlier position, zeros before the sequence
+        const int p = pos0 - 3 + j;
+        cv.hist[j] = p >= 0 ? ring + (size_t)(p & 3) * C_QKV : nullptr;
+    }
+    cv.conv_w = conv_w;
+    cv.b = y + C_QKV + NH * D;
+    cv.a = cv.b + NH;
+    cv.ab_t = ldy;
+    cv.ssm_a = ssm_a;
+    cv.dt_bias = dt_bias;
+    cv.q = q;
+    cv.v = v;
+    dn::Out out{};
+    out.mode = dn::OUT_XB;
+    out.xb = xb;
+    out.z = z;
+    out.ldz = ldy;
+    out.norm = norm;
+    out.eps = eps;
+    if ((e = dn::tc_run(head_major(q, k, v, g, beta, T, NH), &cv, state, true, out, scratch, T, NH, s)) !=
+        (int)cudaSuccess)
+        return e;
+    // after the prep kernel has read the history
+    return dn_ring_write(y, ldy, ring, T, pos0, s);
 }
 
 int dn_conv_prep(const float* y, int ldy, const float* ring, const float* conv_w, const float* ssm_a,
@@ -272,6 +373,12 @@ int dn_gated_norm(const float* o, const float* z, int ldz, const float* norm, ui
 
 extern "C" LB_API uint64_t lb_deltanet_chunked_scratch_bytes(int t, int h) {
     return t >= 1 && h >= 1 ? (uint64_t)pf::dn_scratch_bytes(t, h) : 0;
+}
+
+extern "C" LB_API int lb_deltanet_chunked_path(void) {
+    bool tc = false;
+    LB_CUDA_TRY((cudaError_t)pf::dn_tc_path(&tc));
+    return tc ? 1 : 0;
 }
 
 extern "C" LB_API int lb_deltanet_chunked(const void* q, const void* k, const void* v, const void* g, const void* beta,

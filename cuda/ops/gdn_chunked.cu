@@ -1,18 +1,18 @@
-// gdn_chunked: chunked (WY / UT, chunk 64) prefill of the gated delta rule for any Hk, Hv — an adapter
-// over the 0.8B prefill's pf::dn_chunked (cuda/ops/deltanet_chunked.cu) rather than a second copy of
-// the chunk kernels. That op is generic in the head count but takes head-major inputs, one key head per
-// value head, and the megakernel's transposed state [H, dv, dk]; this file relayouts the CPU-order
-// inputs (q, k [T, Hk, 128] expanded to the tiled Hv heads, v [T, Hv, 128], g / beta [T, Hv]) and
-// transposes the state [Hv, dk, dv] in and out. The relayout moves ~3·T·Hv·512 B, small next to the
-// prefill's GEMMs; a native Hk-aware kernel would save it (noted in docs/perf.md).
-// The relayout and transpose kernels launch with programmatic dependent launch (lb_pdl.cuh; every input
-// is an activation or the state, so each waits first); pf::dn_chunked's own kernels launch the classic
-// way, which keeps full stream order around them.
+// gdn_chunked: chunked (WY / UT, chunk 64) prefill of the gated delta rule for any Hk, Hv, over the 0.8B prefill's
+// chunk kernels rather than a second copy of them. The tensor-core path (pf::dn::tc_run, deltanet_tc.cu, the
+// default) reads the CPU-order inputs in place (q, k [T, Hk, 128], value head p reading key head p % Hk; v [T, Hv,
+// 128]; g / beta [T, Hv]) and the state [Hv, dk, dv] as it is, and lb_gdn_prefill has it fuse the gated output norm.
+// Under LUCEBOX_DN_PREFILL=old the fp32 pf::dn_chunked runs instead, which takes head-major inputs, one key head per
+// value head, and the megakernel's transposed state [H, dv, dk]: this file then relayouts the inputs (~3·T·Hv·512 B)
+// and transposes the state in and out. The relayout and transpose kernels launch with programmatic dependent launch
+// (lb_pdl.cuh; every input is an activation or the state, so each waits first); the chunk kernels launch the
+// classic way, which keeps full stream order around them.
 #include "gdn.cuh"
 #include "gdn_ops.h"
 #include "lb_check.cuh"
 #include "lb_pdl.cuh"
 #include "lucebox.h"
+#include "deltanet_chunked.cuh"
 #include "pf_ops.h"
 
 namespace gdn {
@@ -25,8 +25,9 @@ struct Parts {
 
 size_t align256(size_t x) { return (x + 255) / 256 * 256; }
 
-// Byte offsets of the adapter's buffers inside one scratch allocation (each 256-byte aligned: the chunk
-// kernels read float4).
+// Byte offsets of the fp32 path's buffers inside one scratch allocation (each 256-byte aligned: the chunk kernels read
+// float4). The tensor-core path's scratch (pf::dn::tc_scratch_bytes, never more than this total) starts at the same
+// base.
 Parts carve(void* base, int T, int hv, size_t* total) {
     char* p = static_cast<char*>(base);
     size_t off = 0;
@@ -36,7 +37,7 @@ Parts carve(void* base, int T, int hv, size_t* total) {
         off += align256(bytes);
         return at;
     };
-    r.dn = take(pf::dn_scratch_bytes(T, hv));
+    r.dn = take(pf::dn_scratch_bytes_old(T, hv));
     const size_t big = (size_t)hv * T * D * 4, small = (size_t)hv * T * 4;
     r.qh = reinterpret_cast<float*>(take(big));
     r.kh = reinterpret_cast<float*>(take(big));
@@ -89,8 +90,9 @@ size_t chunked_scratch_bytes(int T, int hv) {
     return total;
 }
 
-int chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
-            float* o, void* scratch, int T, int hk, int hv, cudaStream_t s) {
+// The fp32 path: relayout, transpose the state, pf::dn_chunked's fp32 kernels, transpose back.
+static int chunked_old(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                       float* state, float* o, void* scratch, int T, int hk, int hv, cudaStream_t s) {
     const Parts P = carve(scratch, T, hv, nullptr);
     cudaError_t e = (cudaError_t)pf::dn_prepare();
     if (e != cudaSuccess) return (int)e;
@@ -103,6 +105,38 @@ int chunked(const float* q, const float* k, const float* v, const float* g, cons
     e = (cudaError_t)pf::dn_chunked(P.qh, P.kh, P.vh, P.gh, P.bh, P.st, o, P.dn, T, hv, s);
     if (e != cudaSuccess) return (int)e;
     return (int)lb::launch_pdl(transpose_kernel, tgrid, tblock, 0, s, (const float*)P.st, state);
+}
+
+// With y (and z, norm_w) set, y = out_norm(o) instead of o (the tensor-core path fuses it; o may be null there).
+static int run(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+               float* o, const float* z, const float* norm_w, float* y, float eps, void* scratch, int T, int hk,
+               int hv, cudaStream_t s) {
+    bool tc = false;
+    int e = pf::dn_tc_path(&tc);
+    if (e != (int)cudaSuccess) return e;
+    if (!tc) {
+        if ((e = chunked_old(q, k, v, g, beta, state, o, scratch, T, hk, hv, s)) != (int)cudaSuccess) return e;
+        return y ? out_norm(o, z, hv * D, norm_w, y, T, hv, eps, s) : (int)cudaSuccess;
+    }
+    pf::dn::In in;
+    in.q = q, in.k = k, in.v = v, in.g = g, in.beta = beta;
+    in.qk_t = (long long)hk * D, in.qk_h = D;
+    in.v_t = (long long)hv * D, in.v_h = D;
+    in.gb_t = hv, in.gb_h = 1;
+    in.hk = hk;
+    pf::dn::Out out{};
+    out.mode = y ? pf::dn::OUT_Y : pf::dn::OUT_O;
+    out.o = y ? y : o;
+    out.z = z;
+    out.ldz = hv * D;
+    out.norm = norm_w;
+    out.eps = eps;
+    return pf::dn::tc_run(in, nullptr, state, false, out, scratch, T, hv, s);
+}
+
+int chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+            float* o, void* scratch, int T, int hk, int hv, cudaStream_t s) {
+    return run(q, k, v, g, beta, state, o, nullptr, nullptr, nullptr, 0.0f, scratch, T, hk, hv, s);
 }
 
 }  // namespace gdn
@@ -130,7 +164,8 @@ extern "C" LB_API uint64_t lb_gdn_prefill_scratch_bytes(int t, int hk, int hv) {
 }
 
 // A prompt segment of one DeltaNet layer: conv + prep (advancing the conv state), the chunked rule
-// (advancing the state), the gated output norm into y [T, Hv*128]. z [T, Hv*128]; pre [T, C].
+// (advancing the state), the gated output norm into y [T, Hv*128]. z [T, Hv*128]; pre [T, C]. On the tensor-core
+// path the conv runs inside the chunk prep and the norm inside the chunk output (three kernels and the conv advance).
 extern "C" LB_API int lb_gdn_prefill(const void* pre, const void* a, const void* b, const void* z,
                                      const void* conv_w, const void* ssm_a, const void* dt_bias, const void* norm_w,
                                      void* conv_state, void* state, void* y, void* scratch, int t, int hk, int hv,
@@ -148,13 +183,48 @@ extern "C" LB_API int lb_gdn_prefill(const void* pre, const void* a, const void*
     float* bt = g + (size_t)t * hv;
     const uint64_t step = (uint64_t)t * (2 * hk * D + 2 * hv * D + 2 * hv) * 4;
     void* rest = static_cast<char*>(scratch) + (step + 255) / 256 * 256;
+    bool tc = false;
+    LB_CUDA_TRY((cudaError_t)pf::dn_tc_path(&tc));
+    if (tc) {
+        // the conv, norms, g and beta inside the chunk prep (q and v through the step buffers), the out_norm inside
+        // the chunk output; then the conv state advanced, after the prep has read it
+        pf::dn::In in{};
+        in.q = q, in.v = v;
+        in.qk_t = (long long)hk * D, in.qk_h = D;
+        in.v_t = (long long)hv * D, in.v_h = D;
+        in.gb_t = hv, in.gb_h = 1;
+        in.hk = hk;
+        pf::dn::ConvIn cv{};
+        cv.pre = static_cast<const float*>(pre);
+        cv.ld = C;
+        for (int j = 0; j < 3; ++j) cv.hist[j] = static_cast<const float*>(conv_state) + (size_t)j * C;
+        cv.conv_w = static_cast<const float*>(conv_w);
+        cv.a = static_cast<const float*>(a);
+        cv.b = static_cast<const float*>(b);
+        cv.ab_t = hv;
+        cv.ssm_a = static_cast<const float*>(ssm_a);
+        cv.dt_bias = static_cast<const float*>(dt_bias);
+        cv.q = q;
+        cv.v = v;
+        pf::dn::Out out{};
+        out.mode = pf::dn::OUT_Y;
+        out.o = static_cast<float*>(y);
+        out.z = static_cast<const float*>(z);
+        out.ldz = hv * D;
+        out.norm = static_cast<const float*>(norm_w);
+        out.eps = eps;
+        LB_CUDA_TRY((cudaError_t)pf::dn::tc_run(in, &cv, static_cast<float*>(state), false, out, rest, t, hv, s));
+        LB_CUDA_TRY((cudaError_t)gdn::conv_advance(static_cast<const float*>(pre), C, static_cast<float*>(conv_state),
+                                                   t, C, s));
+        return LB_OK;
+    }
     LB_CUDA_TRY((cudaError_t)gdn::conv_prep(static_cast<const float*>(pre), C, static_cast<const float*>(a),
                                             static_cast<const float*>(b), static_cast<const float*>(conv_w),
                                             static_cast<const float*>(ssm_a), static_cast<const float*>(dt_bias),
                                             static_cast<float*>(conv_state), nullptr, q, k, v, g, bt, t, hk, hv, true,
                                             s));
-    LB_CUDA_TRY((cudaError_t)gdn::chunked(q, k, v, g, bt, static_cast<float*>(state), o, rest, t, hk, hv, s));
-    LB_CUDA_TRY((cudaError_t)gdn::out_norm(o, static_cast<const float*>(z), hv * D,
-                                           static_cast<const float*>(norm_w), static_cast<float*>(y), t, hv, eps, s));
+    LB_CUDA_TRY((cudaError_t)gdn::run(q, k, v, g, bt, static_cast<float*>(state), o, static_cast<const float*>(z),
+                                      static_cast<const float*>(norm_w), static_cast<float*>(y), eps, rest, t, hk,
+                                      hv, s));
     return LB_OK;
 }

@@ -181,7 +181,10 @@ int conv_prep(const float* pre, int ld_pre, const float* a, const float* b, cons
                                    conv_w, ssm_a, dt_bias, conv_state, parents, q, k, v, g, beta, T, hk, hv,
                                    in_place ? 1 : 0);
     if (e != cudaSuccess || !update_conv || in_place || parents) return (int)e;
-    const int C = (2 * hk + hv) * D;
+    return conv_advance(pre, ld_pre, conv_state, T, (2 * hk + hv) * D, s);
+}
+
+int conv_advance(const float* pre, int ld_pre, float* conv_state, int T, int C, cudaStream_t s) {
     return (int)lb::launch_pdl(conv_advance_kernel, dim3((C + 255) / 256), dim3(256), 0, s, pre, ld_pre, conv_state,
                                T, C);
 }

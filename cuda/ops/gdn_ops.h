@@ -18,6 +18,8 @@ int conv_prep(const float* pre, int ld_pre, const float* a, const float* b, cons
               const float* dt_bias, float* conv_state, const int32_t* parents, float* q, float* k, float* v, float* g,
               float* beta, int T, int hk, int hv, bool update_conv, cudaStream_t s);
 
+// conv_state [3, C] <- last 3 rows of concat(conv_state, pre[0..T)) (a prompt segment's inputs).
+int conv_advance(const float* pre, int ld_pre, float* conv_state, int T, int C, cudaStream_t s);
 // conv_state [3, C] <- last 3 rows of concat(conv_state, pre[path[0..n)]) (the accepted slots' inputs).
 int conv_commit(const float* pre, int ld_pre, float* conv_state, const int32_t* path, int n, int C, cudaStream_t s);
 

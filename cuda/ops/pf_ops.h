@@ -31,16 +31,32 @@ int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int
 // ---- deltanet_chunked.cu ---- (dk = dv = 128, chunk 64, everything fp32)
 constexpr int DN_D = 128;
 constexpr int DN_CHUNK = 64;
-// Scratch of the chunked rule for T tokens and H heads (u, w, Aqk, cum and the chunk start states:
-// deltanet_chunked.cuh has the layout).
+// Scratch of the chunked rule for T tokens and H heads, enough for either path (deltanet_chunked.cuh has both
+// layouts); dn_scratch_bytes_old: the fp32 path's alone.
 size_t dn_scratch_bytes(int T, int H);
+size_t dn_scratch_bytes_old(int T, int H);
 // Opt into the shared-memory sizes of the chunk kernels (idempotent).
 int dn_prepare();
 // q, k, v [H, T, 128] (q L2-normed and scaled by 1/sqrt(dk), k normed), g (log-decay), beta [H, T];
 // state [H, dv, dk] (the megakernel's transposed layout) read and overwritten with the final state;
-// o [T, H*128] token-major.
+// o [T, H*128] token-major. On the tensor cores (deltanet_tc.cu) unless LUCEBOX_DN_PREFILL=old or the device lacks
+// them (dn_tc_path says which).
 int dn_chunked(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
                float* o, void* scratch, int T, int H, cudaStream_t s);
+// dn_chunked followed by dn_gated_norm (H = 16) into xb; the tensor-core path fuses the norm into its output kernel
+// and leaves o unwritten, the fp32 path uses o in between.
+int dn_chunked_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
+                    float* o, const float* z, int ldz, const float* norm, uint16_t* xb, void* scratch, int T, int H,
+                    float eps, cudaStream_t s);
+// One DeltaNet layer of the 0.8B prefill after its in-projection y [T, ldy] = [q | k | v | z | beta | alpha]: conv
+// (history from and then into `ring`, as dn_conv_prep / dn_ring_write), the chunked rule on state, the gated norm
+// into xb. The tensor-core path does the conv in its prep kernel (q and v written to q, v; k, g, beta, o unused);
+// the fp32 path runs dn_conv_prep, dn_ring_write, dn_chunked and dn_gated_norm through q, k, v, g, beta, o.
+int dn_layer(const float* y, int ldy, float* ring, const float* conv_w, const float* ssm_a, const float* dt_bias,
+             const float* norm, float* state, float* q, float* k, float* v, float* g, float* beta, float* o,
+             uint16_t* xb, void* scratch, int T, int pos0, float eps, cudaStream_t s);
+// *tc = whether dn_chunked runs on the tensor cores on the current device (LUCEBOX_DN_PREFILL read once a process).
+int dn_tc_path(bool* tc);
 // Causal conv (kernel 4, history from the position ring `ring` [4, C], slot p % 4 = position p) +
 // SiLU over the qkv part of y rows (row stride ldy), q/k L2 norms, beta and g; writes q, k, v
 // [16, T, 128] and g, beta [16, T] (H = 16 heads, C = 6144 channels). pos0 = position of row 0.

@@ -8,7 +8,7 @@
 // segments, each continuing from the state the previous one left (the same path as a prompt that
 // follows earlier tokens), which bounds the scratch memory.
 //
-// Per layer: RMSNorm -> in-proj GEMM (fp32 out) -> DeltaNet (conv prep, chunked rule, gated norm) or
+// Per layer: RMSNorm -> in-proj GEMM (fp32 out) -> DeltaNet (conv, chunked rule, gated norm: pf::dn_layer) or
 // attention (prep into the cache, then causal attention on the 27B's tensor-core kernel, pf::attn_tc; the
 // fp32 pf::attn_flash under LUCEBOX_ATTN_PREFILL=fp32, fixed when the context is made, lb_mk_prefill_attn)
 // -> out-proj GEMM + residual -> RMSNorm -> gate/up GEMM with SwiGLU -> down GEMM + residual. GEMM inputs
@@ -121,11 +121,10 @@ int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0) {
     PF_TRY(pf::rmsnorm_bf16(P->h, L.norm1, P->xb, T, mk::HID, eps, s));
     if (!L.is_attn) {
         LB_TRY(gemm(P, P->xb, L.w_in, P->y, T, mk::DN_IN, mk::HID, pf::EPI_F32));
-        PF_TRY(pf::dn_conv_prep(P->y, mk::DN_IN, L.conv_state, L.conv_w, L.ssm_a, L.dt_bias, P->q, P->k, P->v, P->g,
-                                P->beta, T, pos0, s));
-        PF_TRY(pf::dn_ring_write(P->y, mk::DN_IN, L.conv_state, T, pos0, s));
-        PF_TRY(pf::dn_chunked(P->q, P->k, P->v, P->g, P->beta, L.S, P->o, P->dn_scr, T, mk::DN_H, s));
-        PF_TRY(pf::dn_gated_norm(P->o, P->y + mk::DN_QKV, mk::DN_IN, L.ssm_norm, P->xb, T, eps, s));
+        // conv (ring in and out), the chunked rule, the gated norm into xb: on the tensor-core path three kernels
+        // (the conv inside the chunk prep, the norm inside the chunk output) and the ring write
+        PF_TRY(pf::dn_layer(P->y, mk::DN_IN, L.conv_state, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm, L.S, P->q, P->k,
+                            P->v, P->g, P->beta, P->o, P->xb, P->dn_scr, T, pos0, eps, s));
     } else {
         const int mc = H->cfg.max_context;
         LB_TRY(gemm(P, P->xb, L.w_in, P->y, T, mk::AT_IN, mk::HID, pf::EPI_F32));

@@ -127,6 +127,7 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
                                     ctypes.c_void_p]),
     "lb_deltanet_chunked_scratch_bytes": (c_uint64, [c_int, c_int]),
     "lb_deltanet_chunked": (c_int, [ctypes.c_void_p] * 8 + [c_int, c_int, ctypes.c_void_p]),
+    "lb_deltanet_chunked_path": (c_int, []),
     "lb_attn_prefill": (c_int, [ctypes.c_void_p] * 4 + [c_int, c_int, ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),
     "lb_attn_prefill_tc": (c_int, [ctypes.c_void_p] * 4 + [c_int, c_int] + [ctypes.c_void_p] * 2 + [c_int] * 6
                            + [ctypes.c_void_p]),

@@ -4,7 +4,8 @@ Every op on random inputs at the 27B head counts (Hk16-Hv48) and a small odd one
 NaN-poisoned before the call, compared by relative RMS error (< 1e-4: fp32 throughout), final recurrent
 and conv states too. Trees are random with branches (10-23 slots); the commit is checked against the
 CPU's per-slot state of the accepted node. A 2,000-step decode checks that the GPU state drifts from a
-float64 reference no more than the CPU's own fp32 does.
+float64 reference no more than the CPU's own fp32 does. The chunked prefill runs on the tensor cores (split bf16
+products, ~6e-6) and, in a child process, on the fp32 kernels (LUCEBOX_DN_PREFILL=old), both at the same 1e-4.
 
 The fused one-kernel decode step (gdn_decode_fused.cu, lb_gdn_decode_step's default at t = 1 on sm_90) is
 checked over consecutive steps against the chained CPU math, against the three-kernel path
@@ -268,7 +269,7 @@ def test_decode_step(hk, hv, t):
 
 
 @pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
-@pytest.mark.parametrize("t", [1, 64, 65, 200])
+@pytest.mark.parametrize("t", [1, 64, 65, 200, 520])
 def test_chunked(hk, hv, t):
     from gdn_attn_dev import lib
 
@@ -284,10 +285,12 @@ def test_chunked(hk, hv, t):
 
 
 @pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
-def test_prefill(hk, hv):
+@pytest.mark.parametrize("t", [1, 64, 150, 520])
+def test_prefill(hk, hv, t):
+    """One layer's prompt segment (lb_gdn_prefill: on the tensor-core path the conv inside the chunk prep and the
+    out_norm inside the chunk output): y, the state and the conv state (exact) against cpu.py's math."""
     from gdn_attn_dev import lib
 
-    t = 150
     w, x = weights(hk, hv, 50), layer_inputs(t, hk, hv, 51)
     state = delta_inputs(1, hk, hv, 52)[5]
     q, k, v, g, beta, conv_new = prep_ref(x, w, hk, hv)
@@ -300,6 +303,22 @@ def test_prefill(hk, hv):
         assert_close(y.get(f32, (t, hv * D)), out_ref(o, x["z"], w["norm_w"], hv), TOL, "y")
         assert_close(st.get(f32, state.shape), s_ref, TOL, "state")
         assert np.array_equal(conv.get(f32, (3, c)), conv_new)
+
+
+def test_chunked_fp32_path():
+    """test_chunked and test_prefill again on the fp32 kernels (LUCEBOX_DN_PREFILL=old: relayout, transposed state,
+    separate out_norm), in a child process since the switch is read once per process; this process runs the
+    tensor-core path (lb_deltanet_chunked_path)."""
+    from gdn_attn_dev import lib
+
+    if os.environ.get("LUCEBOX_DN_PREFILL") == "old":
+        assert lib().fn.lb_deltanet_chunked_path() == 0
+        pytest.skip("LUCEBOX_DN_PREFILL=old in this process: this is the child")
+    assert lib().fn.lb_deltanet_chunked_path() == 1
+    env = dict(os.environ, LUCEBOX_DN_PREFILL="old")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",
+                        "test_chunked or test_prefill"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 
 
 @pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)

@@ -7,7 +7,9 @@ tensor-core prefill against decode after the megakernel's own token-by-token pre
 both paths: our kernel ("own") and a cuBLAS loaded at run time ("cublas", skipped where none is found:
 engines/cublas.py says where it looks; LUCEBOX_CUBLAS=/path names one). The attention runs on the tensor
 cores (lb_attn_prefill_tc) unless LUCEBOX_ATTN_PREFILL=fp32 (lb_attn_prefill), read once per process:
-test_prefill_attn_tc_vs_fp32 runs the fp32 side in a child process and compares the two.
+test_prefill_attn_tc_vs_fp32 runs the fp32 side in a child process and compares the two. The chunked DeltaNet
+likewise runs on the tensor cores unless LUCEBOX_DN_PREFILL=old: test_deltanet_chunked_variants and
+test_prefill_dn_tc_vs_fp32 run the fp32 kernels (and the tensor-core state pass's other variants) in children.
 """
 
 from __future__ import annotations
@@ -235,9 +237,21 @@ def delta_inputs(t_len: int, h: int, g_max: float, seed: int = 0):
     return q, k, v, g, beta, state
 
 
-@pytest.mark.parametrize("t_len,h,g_max", [(1, 2, 1.5), (37, 4, 1.5), (64, 3, 0.2), (129, 16, 1.5), (200, 2, 12.0),
-                                           (520, 16, 1.5)], ids=lambda p: f"{p}")
+DN_ENV = "LUCEBOX_DN_PREFILL"
+
+
+def want_dn() -> int:
+    """lb_deltanet_chunked_path of this process: 1 (tensor cores) unless LUCEBOX_DN_PREFILL=old (read once)."""
+    return 0 if os.environ.get(DN_ENV) == "old" else 1
+
+
+# (65, 128: one past and exactly at a chunk boundary; 48 heads: the 27B's count, which takes the tensor-core state
+# pass's 64-column slices on the H200 (192 blocks of 32 columns would exceed its 132 SMs)
+@pytest.mark.parametrize("t_len,h,g_max", [(1, 2, 1.5), (37, 4, 1.5), (64, 3, 0.2), (65, 2, 1.5), (128, 5, 0.5),
+                                           (129, 16, 1.5), (200, 2, 12.0), (330, 48, 1.5), (520, 16, 1.5)],
+                         ids=lambda p: f"{p}")
 def test_deltanet_chunked_vs_recurrent(lib, torch, t_len, h, g_max):
+    assert lib.fn.lb_deltanet_chunked_path() == want_dn()
     q, k, v, g, beta, state = delta_inputs(t_len, h, g_max, seed=t_len + h)
     o_ref, s_ref = gated_delta_recurrent(q, k, v, g, beta, state)  # s [H, dk, dv]
     head_major = lambda x: dev(torch, x.transpose(1, 0, 2))  # noqa: E731  [H, T, 128]
@@ -253,8 +267,29 @@ def test_deltanet_chunked_vs_recurrent(lib, torch, t_len, h, g_max):
     s = host(torch, ds).transpose(0, 2, 1)
     assert np.isfinite(o).all() and np.isfinite(s).all()
     eo, es = rel_rms(o, o_ref), rel_rms(s, s_ref)
-    print(f"T={t_len} H={h}: outputs {eo:.2e}, final state {es:.2e}")
+    print(f"T={t_len} H={h} ({'tensor cores' if want_dn() else 'fp32'}): outputs {eo:.2e}, final state {es:.2e}")
     assert eo < 1e-4 and es < 1e-4
+
+
+# The other forms of lb_deltanet_chunked, each in a child process (the switches are read once per process): the fp32
+# kernels (their state pass as the occupancy picks it and single-buffered), and the tensor-core state pass with
+# single-buffered tiles and with either slice width.
+DN_VARIANTS = {"fp32": {DN_ENV: "old"}, "fp32-split1": {DN_ENV: "old", "LUCEBOX_DN_SCAN": "split1"},
+               "split1": {"LUCEBOX_DN_SCAN": "split1"},
+               "slice32": {"LUCEBOX_DN_SLICE": "32"}, "slice64-split1": {"LUCEBOX_DN_SLICE": "64",
+                                                                         "LUCEBOX_DN_SCAN": "split1"}}
+
+
+@pytest.mark.parametrize("variant", list(DN_VARIANTS))
+def test_deltanet_chunked_variants(variant):
+    if any(os.environ.get(k) for k in (DN_ENV, "LUCEBOX_DN_SCAN", "LUCEBOX_DN_SLICE")):
+        pytest.skip("a variant switch is set in this process: this is a child")
+    env = dict(os.environ, **DN_VARIANTS[variant])
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-s", "-p", "no:cacheprovider",
+                        str(HERE / "test_prefill.py"), "-k", "test_deltanet_chunked_vs_recurrent"],
+                       env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    print(r.stdout[-3000:])
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 
 
 # ---- attn_prefill ----------------------------------------------------------------------------------
@@ -570,12 +605,14 @@ def test_prefill_chunks_vs_cpu(gemm, seq):
 
 
 def dump_chunks(gemm: str, path: str) -> None:
-    """The child of test_prefill_attn_tc_vs_fp32: gpu_chunks of every sequence into an .npz."""
+    """The child of test_prefill_attn_tc_vs_fp32 and test_prefill_dn_tc_vs_fp32: gpu_chunks of every sequence into
+    an .npz, with the attention and DeltaNet paths that ran."""
     out = {}
     for seq in CHUNK_SEQS:
         attn, logits = gpu_chunks(gemm, seq)
         out["attn"] = np.array(attn)
         out[seq] = np.stack(logits)
+    out["dn"] = np.array(mkmod.open_gpu()[0].fn.lb_deltanet_chunked_path())
     np.savez(path, **out)
 
 
@@ -605,6 +642,40 @@ def test_prefill_attn_tc_vs_fp32(gemm, tmp_path):
             e_cpu, e_tc = rel_rms(f, r_), rel_rms(t, f)
             print(f"{seq} chunk of {n}: fp32 attention vs CPU {e_cpu:.2e}; tensor cores vs fp32 {e_tc:.2e}")
             assert e_cpu < 1e-2 and e_tc < 1e-3
+            identical = identical and np.array_equal(f, t)
+    # the two paths round differently: bit-identical logits everywhere would mean one path ran twice
+    assert not identical
+
+
+# ---- the DeltaNet path: tensor cores (default) and fp32 (LUCEBOX_DN_PREFILL=old) ------------------------------
+
+
+@pytest.mark.parametrize("gemm", GEMM_PATHS)
+def test_prefill_dn_tc_vs_fp32(gemm, tmp_path):
+    """The chunk sequences above on both chunked-DeltaNet paths (the tensor-core path fuses the gated norm into its
+    output kernel): fp32 (LUCEBOX_DN_PREFILL=old, in a child process) against the CPU engine at 1e-2, and the
+    tensor cores against fp32 at 1e-3 (an integration check, as for the attention paths: the kernels' ~6e-6
+    difference is held by test_deltanet_chunked_vs_recurrent)."""
+    if want_dn() != 1 or want_attn() != "tc":
+        pytest.skip("a path switch is set in this process: this is a child, or no tensor-core side to compare")
+    tc = {seq: gpu_chunks(gemm, seq, cpu_chunks(seq)[0] if seq == "up" else None) for seq in CHUNK_SEQS}
+    path = tmp_path / "dn_fp32.npz"
+    code = (f"import sys; sys.path[:0] = [{str(REPO)!r}, {str(HERE)!r}]; import test_prefill as t; "
+            f"t.dump_chunks({gemm!r}, {str(path)!r})")
+    env = dict(os.environ, **{DN_ENV: "old"})
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    fp32 = np.load(path)
+    assert int(fp32["dn"]) == 0 and str(fp32["attn"]) == "tc"
+    identical = True
+    for seq in CHUNK_SEQS:
+        tc_logits = tc[seq][1]
+        ref = cpu_chunks(seq)[1]
+        for n, f, t, r_ in zip(CHUNK_SEQS[seq], fp32[seq], tc_logits, ref):
+            e_cpu, e_tc, e_tc_cpu = rel_rms(f, r_), rel_rms(t, f), rel_rms(t, r_)
+            print(f"{seq} chunk of {n}: fp32 DeltaNet vs CPU {e_cpu:.2e}; tensor cores vs fp32 {e_tc:.2e}, "
+                  f"vs CPU {e_tc_cpu:.2e}")
+            assert e_cpu < 1e-2 and e_tc_cpu < 1e-2 and e_tc < 1e-3
             identical = identical and np.array_equal(f, t)
     # the two paths round differently: bit-identical logits everywhere would mean one path ran twice
     assert not identical

@@ -18,7 +18,8 @@ from lucebox_cli.errors import EngineUnavailable
 from cuda_build import REPO, finish_compile, needs_nvcc, start_compile
 
 SOURCES = ["cuda/ops/gemm_bf16.cu", "cuda/ops/gemm_cublas.cu", "cuda/ops/deltanet_chunked.cu",
-           "cuda/ops/deltanet_split.cu", "cuda/ops/attn_prefill.cu",
+           "cuda/ops/deltanet_split.cu", "cuda/ops/deltanet_tc.cu", "cuda/ops/deltanet_tc_prep.cu",
+           "cuda/ops/attn_prefill.cu",
            "cuda/ops/pf_small.cu", "cuda/prefill/prefill_08b.cu", "cuda/core/cublas_rt.cu"]
 PROFILES = ["rtx3090-sm86", "h200-sm90"]
 
@@ -65,11 +66,15 @@ def test_entry_points_reject_bad_arguments_without_a_gpu():
     assert fn.lb_attn_prefill_tc(p, p, p, None, 4096, 512, p, None, 1, 37, 0, 8, 2, 64, None) == _lib.LB_ERR_INVALID_ARG
     assert fn.lb_mk_prefill_attn(None) == -1
     assert fn.lb_deltanet_chunked(p, p, p, p, p, p, p, p, 0, 16, None) == _lib.LB_ERR_INVALID_ARG
-    # u [H, T, 128] + w [H, Tp, 128] + Aqk [H, Tp, 64] + cum [H, Tp] + chunk start states [H, Tp / 64, 128, 128],
-    # Tp = T rounded up to the chunk (64)
-    t, h, tp = 520, 16, 576
-    want = 4 * (h * t * 128 + h * tp * 128 + h * tp * 64 + h * tp + h * (tp // 64) * 128 * 128)
-    assert fn.lb_deltanet_chunked_scratch_bytes(t, h) == want
+    # the larger of the two paths' scratch. fp32: u [H, T, 128] + w [H, Tp, 128] + Aqk [H, Tp, 64] + cum [H, Tp] +
+    # chunk start states [H, Tp / 64, 128, 128], Tp = T rounded up to the chunk (64). Tensor cores, per (head, chunk)
+    # unit, each region 256-byte aligned: Uᵀ / V_newᵀ 32 KB, −Wᵀ 32 KB, K̃ 32 KB, Aqk 16 KB, start state 64 KB, cum 256 B
+    for t, h in [(520, 16), (1, 2), (130, 3)]:
+        tp = (t + 63) // 64 * 64
+        fp32 = 4 * (h * t * 128 + h * tp * 128 + h * tp * 64 + h * tp + h * (tp // 64) * 128 * 128)
+        units = h * tp // 64
+        tc = sum((units * n + 255) // 256 * 256 for n in (32768, 32768, 32768, 16384, 65536, 256))
+        assert fn.lb_deltanet_chunked_scratch_bytes(t, h) == max(fp32, tc)
     assert fn.lb_deltanet_chunked_scratch_bytes(0, 16) == 0
 
 
