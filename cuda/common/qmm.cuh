@@ -349,20 +349,11 @@ struct K45Item {
         for (int s = 0; s < 8; ++s) msk[s] = 0u - (uint32_t)(g == s);
     }
     __device__ __forceinline__ void operator()(const Row (&r)[2], const float* xp, float (&acc)[4]) const {
+        constexpr uint32_t kOnes = 0x3C003C00u;  // half2(1, 1)
         const float4 x0 = __ldg(reinterpret_cast<const float4*>(xp));
         const float4 x1 = __ldg(reinterpret_cast<const float4*>(xp + 4));
         const uint32_t xf[2][2] = {{h2_bits(__floats2half2_rn(x0.x, x0.z)), h2_bits(__floats2half2_rn(x0.y, x0.w))},
                                    {h2_bits(__floats2half2_rn(x1.x, x1.z)), h2_bits(__floats2half2_rn(x1.y, x1.w))}};
-        (*this)(r, xf, acc);
-    }
-    // The same with the lane's 8 x already in fp16, in the order above: {(x0, x2), (x1, x3), (x4, x6), (x5, x7)}
-    // (the staged, normed x of the fold kernels, qmm_gemv_rows.cuh fold_norm_stage).
-    __device__ __forceinline__ void operator()(const Row (&r)[2], const uint4 xh, float (&acc)[4]) const {
-        const uint32_t xf[2][2] = {{xh.x, xh.y}, {xh.z, xh.w}};
-        (*this)(r, xf, acc);
-    }
-    __device__ __forceinline__ void operator()(const Row (&r)[2], const uint32_t (&xf)[2][2], float (&acc)[4]) const {
-        constexpr uint32_t kOnes = 0x3C003C00u;  // half2(1, 1)
         float cx[4], c[4];
         mma16816_zero(cx, kOnes, kOnes, kOnes, kOnes, xf[0][0], xf[0][1]);
         mma16816(cx, kOnes, kOnes, kOnes, kOnes, xf[1][0], xf[1][1]);

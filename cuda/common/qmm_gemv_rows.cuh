@@ -123,87 +123,6 @@ __global__ void LB_GEMV_ROWS_BOUNDS(QT) gemv_k45_rows_kernel(QmmArgs a) {
     }
 }
 
-// ---- the fold variants of the tiled n = 1 kernels (lb_gemv_q_norm, lb_gemv_q_clear: cuda/ops/gemv_q_fold.cu) ----
-//
-// A decode step ran an RMSNorm kernel before every group of projections: it wrote the normed x and zeroed the
-// group's outputs, onto which the GEMVs then accumulate. The fold variants make that kernel unnecessary:
-//   kFoldClear  the GEMV also zeroes one byte range after pdl_wait (the outputs of the group after it: the GEMVs
-//               that write the residual x, ssm_out / attn_output and ffn_down, clear the next group's outputs);
-//   kFoldNorm   the GEMV reads the residual x itself and RMSNorm1p's it in its prologue (fold_norm_stage), and may
-//               zero a range too.
-// The plain kernels (kFoldNone) are the same code as before the fold variants existed (SASS compared, sm_90/sm_86).
-enum : int { kFoldNone = 0, kFoldClear = 1, kFoldNorm = 2 };
-
-struct GemvFold {
-    const float* norm_w;  // [k] RMSNorm1p weight, its +1 included (as lb_df_rmsnorm takes it); kFoldNorm only
-    float eps;
-    float4* clear;        // zeroed: clear_n4 16-byte units from clear, then clear_tail (< 4) floats (none: 0, 0)
-    int64_t clear_n4;
-    int clear_tail;
-};
-
-// The zero range, grid-stride over every block; after pdl_wait (earlier kernels may still read it). The host checks
-// that it overlaps neither x, y nor the weights.
-__device__ __forceinline__ void fold_clear(const GemvFold& f) {
-    const int64_t stride = (int64_t)gridDim.x * kThreads;
-    for (int64_t i = (int64_t)blockIdx.x * kThreads + threadIdx.x; i < f.clear_n4; i += stride)
-        f.clear[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (blockIdx.x == 0 && (int)threadIdx.x < f.clear_tail)
-        reinterpret_cast<float*>(f.clear + f.clear_n4)[threadIdx.x] = 0.0f;
-}
-
-// The norm weights of the block's 256-blocks kb0 .. kb0 + nkb - 1 (mod nb) into L2, issued with the first weight
-// loads before the wait (constant data): fold_norm_stage reads them after the sum of squares, from L2, not HBM.
-__device__ __forceinline__ void fold_prefetch_w(const float* w, int kb0, int nkb, int nb) {
-    for (int i = threadIdx.x; i < nb * 8; i += kThreads) {
-        const int kb = i >> 3;
-        if (kb - kb0 + (kb < kb0 ? nb : 0) < nkb) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + 32 * i));
-    }
-}
-
-// kFoldNorm's prologue, after pdl_wait. r = rsqrt(mean(x²) + eps) over the whole row (every block sums all of x from
-// L2 / L1: no step between blocks), then hx[kb·32 + c] (dynamic shared memory, 512 bytes per 256-block) = the normed
-// x of floats kb·256 + 8c .. +7 for the 256-blocks of this block's items (kb0 .. kb0 + nkb - 1, mod nb), each element
-// (x·r)·w as lb_df_rmsnorm computes it, in fp16 pairs {(h0, h2), (h1, h3), (h4, h6), (h5, h7)}: what the plain
-// kernels' B fragments make of two float4 of x. So every half here is the one the plain GEMV makes of the norm
-// kernel's output, up to r's last bit (its sum runs in another order). Normed before the fp16 rounding rather than
-// scaled by r at the flush: the residual x itself can exceed fp16's range.
-__device__ __forceinline__ const uint4* fold_norm_stage(const QmmArgs& a, const GemvFold& f, int kb0, int nkb) {
-    extern __shared__ uint4 fold_hx[];
-    __shared__ float red[kWarps];
-    const float4* x4 = reinterpret_cast<const float4*>(a.x);
-    const float4* w4 = reinterpret_cast<const float4*>(f.norm_w);
-    const int k4 = a.k >> 2, nb = a.k / QK;
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < k4; i += kThreads) {
-        const float4 v = __ldg(x4 + i);
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) tot += red[w];
-    const float r = rsqrtf(tot / a.k + f.eps);
-    // (every unit visited and those outside the window skipped: ptxas allocates the main loop of the Q4_K_T kernel
-    // without spills this way, and spilled two 64-bit values there with a loop over the window's units alone)
-    for (int o = threadIdx.x; o < nb * 32; o += kThreads) {
-        const int kb = o >> 5;
-        if (kb - kb0 + (kb < kb0 ? nb : 0) >= nkb) continue;
-        const int u = kb * 64 + 2 * (o & 31);  // the float4 of floats kb·256 + 8c .. +3
-        const float4 x0 = __ldg(x4 + u), x1 = __ldg(x4 + u + 1), w0 = __ldg(w4 + u), w1 = __ldg(w4 + u + 1);
-        fold_hx[kb * 32 + (o & 31)] =
-            make_uint4(h2_bits(__floats2half2_rn(x0.x * r * w0.x, x0.z * r * w0.z)),
-                       h2_bits(__floats2half2_rn(x0.y * r * w0.y, x0.w * r * w0.w)),
-                       h2_bits(__floats2half2_rn(x1.x * r * w1.x, x1.z * r * w1.z)),
-                       h2_bits(__floats2half2_rn(x1.y * r * w1.y, x1.w * r * w1.w)));
-    }
-    __syncthreads();
-    return fold_hx;
-}
-
 // ---- n = 1, Q4_K_T (the tiled layout of quant_blocks.cuh) ---------------------------------------------------
 //
 // gemv_k45_rows_kernel's items, staging tile and K45Item arithmetic over the tiled layout, in which a warp's item
@@ -220,9 +139,8 @@ __device__ __forceinline__ const uint4* fold_norm_stage(const QmmArgs& a, const 
 #else
 #define LB_GEMV_TILE_BOUNDS(B) __launch_bounds__(kThreads)
 #endif
-// The kernel's body, for the plain kernel (kFold = kFoldNone) and the fold variants.
-template <int QT, int kFold>
-__device__ __forceinline__ void gemv_k45_tile_body(const QmmArgs& a, const GemvFold& f) {
+template <int QT, int kBlocks>
+__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_kernel(QmmArgs a) {
     static_assert(is_tiled(QT), "the tiled layout's kernel");
     using K = K45Cols<QT>;
     using R = K45Rows<QT>;
@@ -234,10 +152,7 @@ __device__ __forceinline__ void gemv_k45_tile_body(const QmmArgs& a, const GemvF
     const int nb = a.k / QK;
     pdl_trigger();
     int64_t it0, end0;
-    if (!stream_k_share(a, it0, end0)) {
-        if constexpr (kFold != kFoldNone) fold_clear(f);
-        return;
-    }
+    if (!stream_k_share(a, it0, end0)) return;
     int left = (int)(end0 - it0);                      // items of this block's share not yet finished
     int tr = (int)(it0 / nb) * kWarps + warp;          // tile row (16 rows) of the warp's current item
     int kb = (int)(it0 % nb);                          // its 256-block
@@ -258,19 +173,14 @@ __device__ __forceinline__ void gemv_k45_tile_body(const QmmArgs& a, const GemvF
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     // The first item's weights are constant: their loads go out before waiting for the previous kernel (PDL).
     load();
-    if constexpr (kFold == kFoldNorm) fold_prefetch_w(f.norm_w, kb, min(left, nb), nb);
     pdl_wait();
-    if constexpr (kFold != kFoldNone) fold_clear(f);
-    [[maybe_unused]] const uint4* hx = nullptr;
-    if constexpr (kFold == kFoldNorm) hx = fold_norm_stage(a, f, kb, min(left, nb));
     const float* xl = a.x + 32 * g + 8 * t;
     for (;;) {
         const bool live = tr < n_tiles;
         if (live) {
             Row r[2];
             unpack(r);
-            if constexpr (kFold == kFoldNorm) item_math(r, hx[kb * 32 + lane], acc);
-            else item_math(r, xl + kb * QK, acc);
+            item_math(r, xl + kb * QK, acc);
         }
         --left;
         if ((kb + 1 == nb || left == 0) && live) k45_flush(acc, a.y, (int64_t)tr * kTileRows, a.n_rows, g, t);
@@ -281,18 +191,6 @@ __device__ __forceinline__ void gemv_k45_tile_body(const QmmArgs& a, const GemvF
         }
         load();
     }
-}
-
-template <int QT, int kBlocks>
-__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_kernel(QmmArgs a) {
-    gemv_k45_tile_body<QT, kFoldNone>(a, GemvFold{});
-}
-
-// The fold variants (kFoldClear, kFoldNorm) of gemv_k45_tile_kernel; kFoldNorm takes k · 2 bytes of dynamic shared
-// memory (fold_norm_stage's hx).
-template <int QT, int kBlocks, int kFold>
-__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_fold_kernel(QmmArgs a, GemvFold f) {
-    gemv_k45_tile_body<QT, kFold>(a, f);
 }
 
 // ---- n = 1, Q6_K_T (the tiled Q6_K layout of quant_blocks.cuh) ----------------------------------------------
@@ -307,44 +205,15 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_fold_kernel(QmmArgs a
 // (the launch checks the item count). kBlocks: blocks per SM asked of ptxas on sm_90, launched at 6 (ptxas: 80
 // registers, no spills; at 7, 72 registers and 40 bytes of spills; qmm_kernel<Q6_K, 1, 1> uses 96, five blocks).
 // sm_86 compiles it free (95 registers, no spills).
-//
-// qmm_item<Q6_K, 1, 1> with B from fold_norm_stage's staged fp16 x (hxk: its 256-block) instead of x loads and
-// conversions: k-step (c, s, u) of lane t takes floats 16t + 128c + 64s + 4u .. +3 (klane, kstep), which are half
-// u & 1 of the 8-float unit 2t + 16c + 8s + (u >> 1), paired (x0, x2), (x1, x3) as the float4 conversion pairs them.
-__device__ __forceinline__ void q6_item_hx(const Traits<Q6_K>::Row (&rr)[1][2], float (&acc)[1][1][4], const uint4* hxk,
-                                           int t) {
-    using Tr = Traits<Q6_K>;
-    static_for<Tr::kChunks>([&](auto C) {
-        static_for<Tr::kHiLo>([&](auto S) {
-            constexpr int c = decltype(C)::value, st = decltype(S)::value;
-            const Scales sc0 = Tr::template prep<c, st>(rr[0][0], t);
-            const Scales sc1 = Tr::template prep<c, st>(rr[0][1], t);
-            const uint4 lo = hxk[2 * t + 16 * c + 8 * st], hi = hxk[2 * t + 16 * c + 8 * st + 1];
-            const uint32_t b[4][2] = {{lo.x, lo.y}, {lo.z, lo.w}, {hi.x, hi.y}, {hi.z, hi.w}};
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                uint32_t a0, a1, a2, a3;
-                Tr::template frag<c, st>(rr[0][0], sc0, u, t, a0, a2);
-                Tr::template frag<c, st>(rr[0][1], sc1, u, t, a1, a3);
-                mma16816(acc[0][0], a0, a1, a2, a3, b[u][0], b[u][1]);
-            }
-        });
-    });
-}
-
-// The kernel's body, for the plain kernel (kFold = kFoldNone) and the fold variants.
-template <int kFold>
-__device__ __forceinline__ void gemv_q6_tile_body(const QmmArgs& a, const GemvFold& f) {
+template <int kBlocks>
+__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
     using Row = Traits<Q6_K>::Row;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
     pdl_trigger();
     int64_t it0, end0;
-    if (!stream_k_share(a, it0, end0)) {
-        if constexpr (kFold != kFoldNone) fold_clear(f);
-        return;
-    }
+    if (!stream_k_share(a, it0, end0)) return;
     int left = (int)(end0 - it0);                      // items of this block's share not yet finished
     int tr = (int)(it0 / nb) * kWarps + warp;          // tile row (16 rows) of the warp's current item
     int kb = (int)(it0 % nb);                          // its 256-block
@@ -373,23 +242,15 @@ __device__ __forceinline__ void gemv_q6_tile_body(const QmmArgs& a, const GemvFo
     float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
     // The first item's weights are constant: their loads go out before waiting for the previous kernel (PDL).
     load();
-    if constexpr (kFold == kFoldNorm) fold_prefetch_w(f.norm_w, kb, min(left, nb), nb);
     pdl_wait();
-    if constexpr (kFold != kFoldNone) fold_clear(f);
-    [[maybe_unused]] const uint4* hx = nullptr;
-    if constexpr (kFold == kFoldNorm) hx = fold_norm_stage(a, f, kb, min(left, nb));
     for (;;) {
         const bool live = tr < n_tiles;
         if (live) {
             const float2 d = __half22float2(bits_h2(d2));
             rr[0][0].d = d.x;
             rr[0][1].d = d.y;
-            if constexpr (kFold == kFoldNorm) {
-                q6_item_hx(rr, acc, hx + kb * 32, t);
-            } else {
-                const float* const xb[1] = {a.x + kb * QK + Traits<Q6_K>::klane(t)};
-                qmm_item<Q6_K, 1, 1>(rr, acc, xb, t);
-            }
+            const float* const xb[1] = {a.x + kb * QK + Traits<Q6_K>::klane(t)};
+            qmm_item<Q6_K, 1, 1>(rr, acc, xb, t);
         }
         --left;
         if ((kb + 1 == nb || left == 0) && live) qmm_flush<1, 1>(a, (int64_t)tr * kTileRows, acc, g, t);
@@ -400,24 +261,6 @@ __device__ __forceinline__ void gemv_q6_tile_body(const QmmArgs& a, const GemvFo
         }
         load();
     }
-}
-
-template <int kBlocks>
-__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
-    gemv_q6_tile_body<kFoldNone>(a, GemvFold{});
-}
-
-// The fold variants of gemv_q6_tile_kernel (as gemv_k45_tile_fold_kernel). Below sm_90 they ask ptxas for five blocks
-// per SM, which the plain kernel gets free (sm_86: 95 registers); free, the clear form took 100 and four blocks, capped
-// it takes 96 (norm: 90), no spills.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define LB_GEMV_Q6_FOLD_BOUNDS(B) __launch_bounds__(kThreads, (B))
-#else
-#define LB_GEMV_Q6_FOLD_BOUNDS(B) __launch_bounds__(kThreads, 5)
-#endif
-template <int kBlocks, int kFold>
-__global__ void LB_GEMV_Q6_FOLD_BOUNDS(kBlocks) gemv_q6_tile_fold_kernel(QmmArgs a, GemvFold f) {
-    gemv_q6_tile_body<kFold>(a, f);
 }
 
 // Blocks per SM asked of ptxas for gemv_k45_tile_kernel on sm_90: LUCEBOX_GEMV_TILE_BLOCKS=6 gives 6, anything else

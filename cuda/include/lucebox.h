@@ -182,18 +182,6 @@ LB_API int lb_quant_fill_random(int qtype, void* dst, int n_rows, int k, uint64_
 /* y[n_rows] (+)= W · x[k] */
 LB_API int lb_gemv_q(int qtype, const void* w, int n_rows, int k, const float* x, float* y, int accumulate,
                      void* stream);
-/* lb_gemv_q of RMSNorm1p(x): y[n_rows] (+)= W · (x · rsqrt(mean(x²) + eps) · norm_w), norm_w [k] with its +1 (as
- * lb_df_rmsnorm takes it), 16-byte aligned; the norm computed in the GEMV's own launch (no normed copy of x), so a
- * decode step needs no RMSNorm kernel before its projections. qtype LB_QT_Q4_K_TILED or LB_QT_Q6_K_TILED only
- * (LB_ERR_UNSUPPORTED otherwise), k <= 8192. `clear` (NULL and 0: none): clear_bytes from it zeroed in the same
- * launch, after everything before it in the stream (16-byte aligned, a multiple of 4 bytes, overlapping neither x,
- * y nor w): the outputs of the projections that come next, which then accumulate onto zeros. */
-LB_API int lb_gemv_q_norm(int qtype, const void* w, int n_rows, int k, const float* x, const float* norm_w, float eps,
-                          float* y, int accumulate, void* clear, uint64_t clear_bytes, void* stream);
-/* lb_gemv_q with lb_gemv_q_norm's clear range; every qtype of lb_gemv_q (the tiled ones zero it in the GEMV's
- * launch, the others by a memset before it). */
-LB_API int lb_gemv_q_clear(int qtype, const void* w, int n_rows, int k, const float* x, float* y, int accumulate,
-                           void* clear, uint64_t clear_bytes, void* stream);
 /* Y[n_rows, n] (+)= W · X[k, n], n = 1..64; every weight is read once for all n columns. */
 LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int k, const float* x, int n, float* y,
                             int accumulate, void* stream);

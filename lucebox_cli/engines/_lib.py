@@ -136,10 +136,6 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_quant_repack": (c_int, [c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p]),
     "lb_quant_fill_random": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, c_uint64, ctypes.c_void_p]),
     "lb_gemv_q": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p]),
-    "lb_gemv_q_norm": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
-                               ctypes.c_void_p, c_int, ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
-    "lb_gemv_q_clear": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int,
-                                ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     "lb_gemm_q_smalln": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p, c_int,
                                  ctypes.c_void_p]),
     # seg_rows (int32 [nseg]) and ys (float* [nseg]) are host arrays passed by address (c_void_p): the recorded

@@ -215,8 +215,7 @@ class DFlashTargetEngine:
                      # in every bench row: a run says how it was made
                      "attn_decode": attn_decode_path(self._layers.fused_decode),
                      "q4k_tile": any(e.tiled and e.ggml_type == "Q4_K" for e in entries),
-                     "q6k_tile": any(e.tiled and e.ggml_type == "Q6_K" for e in entries),
-                     "norm_fold": self._layers.norm_fold}
+                     "q6k_tile": any(e.tiled and e.ggml_type == "Q6_K" for e in entries)}
         self.last_verify_ms: Optional[float] = None
         self.reset()
 

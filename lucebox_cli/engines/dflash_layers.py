@@ -42,21 +42,11 @@ DeltaNet takes the saves buffer's capacity as max_saves (the kernel plans the sa
 the device; a larger bound only sizes its shared memory), and tap layers copy x into `tap_buf` in the
 stream instead of calling back to the host. Everything else in the call list is already the same at
 every call of the same (mode, t).
-
-RMSNorm folded into the decode GEMVs (`norm_fold`; LUCEBOX_NORM_FOLD=0 turns it off, read at creation): in a
-decode step (t = 1) a group whose matrices are all tiled Q4_K / Q6_K (the 27B's) has no norm kernel before it.
-Its GEMVs read the residual x and normalize it themselves (lb_gemv_q_norm), and the GEMV before the group, the
-last one to write x, clears the group's outputs (lb_gemv_q_clear): the mixer's out projection clears the MLP's
-gate/up, a layer's ffn_down the next layer's mixer inputs, the last ffn_down the logits row that the LM head
-(folding the output norm) then adds into. Layer 0's mixer group keeps its norm (nothing before it in the step
-writes x through a GEMV), as does every group with a matrix of another type, and every verify and prefill
-(`FoldPlan`, docs/perf.md "RMSNorm folded into the decode GEMVs").
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -69,15 +59,6 @@ KV_F16 = 0
 # bytes per 256 weights of the types whose device layout is one block stream per tensor, so that back-to-back
 # tensors are one tensor of their summed rows: Q4_K, Q5_K (the GGUF bytes), tiled Q4_K (268: whole 16-row tiles)
 _ROW_BYTES_PER_256 = {12: 144, 13: 176, 268: 144}
-# what lb_gemv_q_norm takes: tiled Q4_K and tiled Q6_K, rows of at most 8192
-_FOLD_QTYPES = (268, 270)
-_FOLD_MAX_K = 8192
-
-
-def norm_fold_default() -> bool:
-    """Whether decode steps fold their RMSNorms into the GEMVs (read at engine creation): on unless
-    LUCEBOX_NORM_FOLD is "0" (the A/B switch; docs/perf.md "RMSNorm folded into the decode GEMVs")."""
-    return os.environ.get("LUCEBOX_NORM_FOLD", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -136,16 +117,6 @@ class Buffers:
     gemm_scratch_bytes: int = 0
     # uint32 [n_kv] tickets of lb_attn_decode_fused (0: none; decode steps then issue prep + decode)
     tickets: int = 0
-
-
-@dataclass(frozen=True)
-class FoldPlan:
-    """Which groups of a decode step have their RMSNorm folded into their GEMVs (lb_gemv_q_norm reading x), per
-    layer; the GEMV before a folded group clears its outputs, so a folded group needs one before it in the step."""
-
-    mixer: tuple[bool, ...]  # [n_layers]; layer 0's is False
-    mlp: tuple[bool, ...]  # [n_layers]
-    head: bool  # the LM head after the step (the last ffn_down clears the logits row)
 
 
 @dataclass(frozen=True)
@@ -269,12 +240,6 @@ class Layers:
         # kernel) where the library has it and the engine carved its tickets; else lb_attn_prep + lb_attn_decode
         fn = getattr(lib, "fn", None)
         self.fused_decode = bufs.tickets != 0 and fn is not None and hasattr(fn, "lb_attn_decode_fused")
-        # decode steps fold their norms into the GEMVs where the library has the fold forms (see the module docstring)
-        self.norm_fold = (norm_fold_default() and fn is not None and hasattr(fn, "lb_gemv_q_norm")
-                          and hasattr(fn, "lb_gemv_q_clear"))
-        self._fold_plan: Optional[FoldPlan] = None
-        # the last pass issued left the logits row 0 cleared for a folded LM head (FoldPlan.head): head() takes it once
-        self._head_fold_ready = False
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
@@ -314,17 +279,14 @@ class Layers:
 
     # -- primitives --
 
-    def matmul(self, name: str, x: int, y: int, t: int, norm: Optional[str] = None,
-               clear: Optional[tuple[int, int]] = None) -> None:
+    def matmul(self, name: str, x: int, y: int, t: int) -> None:
         """y[t, rows] += W x: y is the residual stream or a region the norm before it cleared. A prefill pass of
         more than CHUNK rows runs CHUNK columns at a time (the small-N kernels' limit; each call reads the
-        weights once, as the 64-row passes did). At t = 1 only: norm (a norm weight's name) makes it
-        W · RMSNorm1p(x) (lb_gemv_q_norm), clear = (pointer, bytes) zeroes that range in the same launch."""
+        weights once, as the 64-row passes did)."""
         w = self.m[name]
         if t == 1:
-            self._gemv(w.qtype, w.ptr, w.rows, w.k, x, y, norm, clear)
+            self._call("lb_gemv_q", w.qtype, w.ptr, w.rows, w.k, x, y, 1, self.stream)
             return
-        assert norm is None and clear is None, "the norm and clear folds are decode-step (t = 1) forms"
         if self._cublas(t):
             self._call("lb_gemm_q_cublas", w.qtype, w.ptr, w.rows, w.k, x, t, y, 1, self.b.gemm_scratch,
                        self.b.gemm_scratch_bytes, self.stream)
@@ -334,7 +296,7 @@ class Layers:
             self._call("lb_gemm_q_smalln", w.qtype, w.ptr, w.rows, w.k, x + c0 * w.k * F32, n, y + c0 * w.rows * F32,
                        1, self.stream)
 
-    def matmuls(self, names: tuple[str, ...], x: int, ys: list[int], t: int, norm: Optional[str] = None) -> None:
+    def matmuls(self, names: tuple[str, ...], x: int, ys: list[int], t: int) -> None:
         """matmul(names[i], x, ys[i], t) for each i, with one launch where that is the same product: consecutive
         Q4_K/Q5_K matrices that sit back to back in the arena (upload order = expected_tensors order, and their
         byte sizes are multiples of the arena's 256-byte alignment) are one tensor of their summed rows. At t = 1
@@ -343,9 +305,7 @@ class Layers:
         columns, which sends each matrix's rows to its own output. Why: each launch pays a fixed cost before its
         bytes (~4.7 µs at t = 1 on the 27B's FFN matrices, ~9 µs at t = 23; H200 fits, docs/perf.md). Q6_K/Q8_0
         keep one launch each: their device layout puts the fp16 scales after each tensor's blocks. On the cuBLAS path
-        (wide passes) each matrix is its own call: one GEMM per matrix, whose outputs are separate regions. norm: as
-        matmul's (x is then the residual stream)."""
-        assert norm is None or t == 1, "the norm fold is a decode-step (t = 1) form"
+        (wide passes) each matrix is its own call: one GEMM per matrix, whose outputs are separate regions."""
         if self._cublas(t):
             # every group reads the norm's output, which pass_norm wrote in fp16 to the scratch: each matrix runs on
             # that copy and writes its region with beta = 0, so the norm cleared nothing (clearing ~106 MB a layer at
@@ -365,11 +325,11 @@ class Layers:
         for g in groups:
             w = self.m[names[g[0]]]
             if len(g) == 1:
-                self.matmul(names[g[0]], x, ys[g[0]], t, norm)
+                self.matmul(names[g[0]], x, ys[g[0]], t)
                 continue
             rows = [self.m[names[i]].rows for i in g]
             if t == 1:
-                self._gemv(w.qtype, w.ptr, sum(rows), w.k, x, ys[g[0]], norm)
+                self._call("lb_gemv_q", w.qtype, w.ptr, sum(rows), w.k, x, ys[g[0]], 1, self.stream)
                 continue
             keep: list[Any] = []  # the host tables, alive until the calls return (or with a recorded Program)
             seg_rows = _host_array(ctypes.c_int32, rows, keep)
@@ -380,17 +340,6 @@ class Layers:
                            seg_rows, outs, 1, self.stream)
             if self._rec is not None or self._capturing:
                 self._host_arrays.extend(keep)
-
-    def _gemv(self, qtype: int, ptr: int, rows: int, k: int, x: int, y: int, norm: Optional[str] = None,
-              clear: Optional[tuple[int, int]] = None) -> None:
-        """y += W x for one row (lb_gemv_q), of RMSNorm1p(x; norm) with norm (lb_gemv_q_norm), clearing `clear`."""
-        if norm is not None:
-            self._call("lb_gemv_q_norm", qtype, ptr, rows, k, x, self.v[norm], self.cfg.eps, y, 1,
-                       *(clear or (None, 0)), self.stream)
-        elif clear is not None:
-            self._call("lb_gemv_q_clear", qtype, ptr, rows, k, x, y, 1, *clear, self.stream)
-        else:
-            self._call("lb_gemv_q", qtype, ptr, rows, k, x, y, 1, self.stream)
 
     def _adjacent(self, prev: str, name: str) -> bool:
         """name's weights start where prev's end, same Q4_K/Q5_K type and K: the two are one tensor."""
@@ -454,45 +403,6 @@ class Layers:
                                               cfg.n_kv_heads * cfg.head_dim))
         return regs, ((self.b.proj, end),)
 
-    # -- the norm fold of decode steps --
-
-    def mixer_names(self, i: int) -> tuple[str, ...]:
-        """The input projections of layer i's mixer, in the order attention() / deltanet() give matmuls()."""
-        names = ("attn_q", "attn_k", "attn_v") if self.cfg.is_attention(i) else (
-            "attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")
-        return tuple(f"blk.{i}.{n}.weight" for n in names)
-
-    def fold_plan(self, p: Pass) -> Optional[FoldPlan]:
-        """The groups of pass p whose norm is folded (None: none, every norm kernel stays): decode steps only, with
-        norm_fold on; a group folds when lb_gemv_q_norm takes every matrix of it, the mixer group of layer 0 never."""
-        if not (self.norm_fold and p.mode == "step" and p.t == 1):
-            return None
-        if self._fold_plan is None:
-            cfg = self.cfg
-
-            def ok(names: tuple[str, ...]) -> bool:
-                return all(self.m[n].qtype in _FOLD_QTYPES and self.m[n].k == cfg.hidden <= _FOLD_MAX_K
-                           for n in names)
-
-            layers = range(cfg.n_layers)
-            self._fold_plan = FoldPlan(
-                mixer=tuple(i > 0 and ok(self.mixer_names(i)) for i in layers),
-                mlp=tuple(ok((f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight")) for i in layers),
-                head=ok(("token_embd.weight" if cfg.tied else "output.weight",)))
-        return self._fold_plan
-
-    def _down_clear(self, i: int, p: Pass, fold: Optional[FoldPlan]) -> Optional[tuple[int, int]]:
-        """What layer i's ffn_down clears for a folded group after it: the next layer's mixer outputs (a decode
-        step's one range), or after the last layer the logits row of a folded LM head."""
-        if fold is None:
-            return None
-        j = i + 1
-        if j < self.cfg.n_layers:
-            if not fold.mixer[j]:
-                return None
-            return (self.attention_regions(p.t) if self.cfg.is_attention(j) else self.deltanet_regions(j, p))[1][0]
-        return (self.b.logits, self.cfg.vocab * F32) if fold.head else None
-
     # -- the pass --
 
     def run(self, p: Pass, taps: tuple[int, ...] = (), on_tap: Optional[Any] = None) -> None:
@@ -504,58 +414,45 @@ class Layers:
         prog = self._program(("pass", p.mode, p.t),
                              lambda new_layer: self.issue_pass(sym, (), None, new_layer))
         prog.run({"pos0": p.pos0, "max_saves": p.max_saves}, taps, on_tap)
-        fold = self.fold_plan(p)
-        self._head_fold_ready = fold is not None and fold.head
 
     def issue_pass(self, p: Pass, taps: tuple[int, ...] = (), on_tap: Optional[Any] = None,
                    new_layer: Optional[Any] = None) -> None:
         """The reference: every call of the pass, one at a time (new_layer() between layers when recording)."""
         cfg, b = self.cfg, self.b
-        fold = self.fold_plan(p)
         for i in range(cfg.n_layers):
             if new_layer is not None and i > 0:
                 new_layer()
             pre = f"blk.{i}."
             regs, zero = self.attention_regions(p.t) if cfg.is_attention(i) else self.deltanet_regions(i, p)
-            # a folded group's outputs were cleared by the GEMV before it (the previous layer's ffn_down)
-            mixer_norm = pre + "attn_norm.weight" if fold and fold.mixer[i] else None
-            if mixer_norm is None:
-                self.pass_norm(pre + "attn_norm.weight", p.t, zero)
-            mlp_regs, mlp_zero = self.mlp_regions(p.t)
-            mlp_norm = pre + "post_attention_norm.weight" if fold and fold.mlp[i] else None
-            out_clear = mlp_zero[0] if mlp_norm is not None else None
+            self.pass_norm(pre + "attn_norm.weight", p.t, zero)
             if cfg.is_attention(i):
-                self.attention(i, p, regs, mixer_norm, out_clear)
+                self.attention(i, p, regs)
             else:
-                self.deltanet(i, p, regs, mixer_norm, out_clear)
-            if mlp_norm is None:
-                self.pass_norm(pre + "post_attention_norm.weight", p.t, mlp_zero)
-            self.mlp(i, p.t, mlp_regs, mlp_norm, self._down_clear(i, p, fold))
+                self.deltanet(i, p, regs)
+            regs, zero = self.mlp_regions(p.t)
+            self.pass_norm(pre + "post_attention_norm.weight", p.t, zero)
+            self.mlp(i, p.t, regs)
             if i in taps and on_tap is not None:
                 on_tap(i)
-        self._head_fold_ready = fold is not None and fold.head
 
-    def mlp(self, i: int, t: int, regs: list[int], norm: Optional[str] = None,
-            clear: Optional[tuple[int, int]] = None) -> None:
-        """regs = mlp_regions(t)[0], cleared by the norm before (or, with norm, the folded post-attention norm, by
-        the mixer's out projection); ffn_down clears `clear` (the next folded group's outputs)."""
+    def mlp(self, i: int, t: int, regs: list[int]) -> None:
+        """regs = mlp_regions(t)[0], cleared by the norm before."""
         b, pre, ffn = self.b, f"blk.{i}.", self.cfg.ffn
         gate, up = regs
-        self.matmuls((pre + "ffn_gate.weight", pre + "ffn_up.weight"), b.h if norm is None else b.x, [gate, up], t,
-                     norm)
+        self.matmuls((pre + "ffn_gate.weight", pre + "ffn_up.weight"), b.h, [gate, up], t)
         if self._cublas(t):  # the down GEMM's input straight in fp16 (no fp32 act round trip, no conversion)
             self._call("lb_df_swiglu_f16", gate, up, b.gemm_scratch, t * ffn, self.stream)
             self._x16_gemm(pre + "ffn_down.weight", b.x, t, 1)
             return
         self._call("lb_df_swiglu", gate, up, b.act, t * ffn, self.stream)
-        self.matmul(pre + "ffn_down.weight", b.act, b.x, t, clear=clear)
+        self.matmul(pre + "ffn_down.weight", b.act, b.x, t)
 
-    def deltanet(self, i: int, p: Pass, regs: list[int], norm: Optional[str] = None,
-                 clear: Optional[tuple[int, int]] = None) -> None:
-        """regs = deltanet_regions(i, p)[0], cleared by the norm before (norm, clear: as mlp's)."""
+    def deltanet(self, i: int, p: Pass, regs: list[int]) -> None:
+        """regs = deltanet_regions(i, p)[0], cleared by the norm before."""
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.gdn[i]
         qkv, z, a, beta_in = regs
-        self.matmuls(self.mixer_names(i), b.h if norm is None else b.x, [qkv, z, beta_in, a], p.t, norm)
+        self.matmuls((pre + "attn_qkv.weight", pre + "attn_gate.weight", pre + "ssm_beta.weight",
+                      pre + "ssm_alpha.weight"), b.h, [qkv, z, beta_in, a], p.t)
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
         if p.mode == "tree":
             self._call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,
@@ -565,22 +462,21 @@ class Layers:
             fn = "lb_gdn_decode_step" if p.mode == "step" else "lb_gdn_prefill"
             self._call(fn, qkv, a, beta_in, z, *w, L.conv, L.state, b.act, b.gdn_scratch, p.t, cfg.hk, cfg.hv,
                           cfg.eps, self.stream)
-        self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t, clear=clear)
+        self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
 
-    def attention(self, i: int, p: Pass, regs: list[int], norm: Optional[str] = None,
-                  clear: Optional[tuple[int, int]] = None) -> None:
-        """regs = attention_regions(t)[0], cleared by the norm before (norm, clear: as mlp's)."""
+    def attention(self, i: int, p: Pass, regs: list[int]) -> None:
+        """regs = attention_regions(t)[0], cleared by the norm before."""
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.attn[i]
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qg, k, v = regs  # qg [t, nh * 512]: per head [q | gate]
-        self.matmuls(self.mixer_names(i), b.h if norm is None else b.x, [qg, k, v], p.t, norm)
+        self.matmuls((pre + "attn_q.weight", pre + "attn_k.weight", pre + "attn_v.weight"), b.h, [qg, k, v], p.t)
         if p.mode == "step" and self.fused_decode:
             # one kernel for what prep + decode launch as three: norms, RoPE, the cache row, split-KV attention, merge
             fn, pos = ("lb_attn_decode_fused_at", self.state) if p.dev else ("lb_attn_decode_fused", p.pos0)
             self._call(fn, qg, k, v, self.v[pre + "attn_q_norm.weight"], self.v[pre + "attn_k_norm.weight"], pos, b.qf,
                        L.kc, L.vc, KV_F16, b.act, b.partials, ATTN_SPLITS_ONE, b.tickets, nh, nkv, self.max_ctx,
                        cfg.rope_dims, cfg.eps, cfg.rope_theta, self.stream)
-            self.matmul(pre + "attn_output.weight", b.act, b.x, p.t, clear=clear)
+            self.matmul(pre + "attn_output.weight", b.act, b.x, p.t)
             return
         # tree slots sit at positions n_past + depth but in cache rows n_past + slot
         positions = b.positions if p.mode == "tree" else None
@@ -603,29 +499,15 @@ class Layers:
         else:
             self._call("lb_attn_tree", *common, ATTN_SPLITS_MANY, b.masks, p.t, p.pos0, nh, nkv, self.max_ctx,
                           self.stream)
-        self.matmul(pre + "attn_output.weight", b.act, b.x, p.t, clear=clear)
+        self.matmul(pre + "attn_output.weight", b.act, b.x, p.t)
 
     def head(self, row0: int, n: int) -> None:
         """logits[0..n) = LM head of RMSNorm1p(x[row0 .. row0 + n))."""
-        fold = self._take_head_fold(row0, n)
-        self._dispatch(("head", row0, n, fold), lambda: self.issue_head(row0, n, fold))
+        self._dispatch(("head", row0, n), lambda: self.issue_head(row0, n))
 
-    def _take_head_fold(self, row0: int, n: int) -> bool:
-        """Whether this head folds the output norm into its GEMV: right after a decode step that cleared the logits
-        row (FoldPlan.head), once (a second head, or one after another pass, keeps the norm and its clear)."""
-        fold = self._head_fold_ready and row0 == 0 and n == 1
-        self._head_fold_ready = False
-        return fold
-
-    def issue_head(self, row0: int, n: int, fold: Optional[bool] = None) -> None:
-        """fold: None takes it from the pass issued last (a captured step: its graph issues the head after it)."""
+    def issue_head(self, row0: int, n: int) -> None:
         b = self.b
         head = "token_embd.weight" if self.cfg.tied else "output.weight"
-        if fold is None:
-            fold = self._take_head_fold(row0, n)
-        if fold:
-            self.matmul(head, b.x, b.logits, 1, norm="output_norm.weight")
-            return
         self.rmsnorm(b.x + row0 * self.cfg.hidden * F32, "output_norm.weight", b.h, n,
                      ((b.logits, n * self.cfg.vocab * F32),))
         self.matmul(head, b.h, b.logits, n)

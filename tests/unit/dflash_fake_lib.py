@@ -43,8 +43,7 @@ class _Fns:
 
     def __getattr__(self, name: str):
         if not name.startswith("lb_") or (name in _GRAPH_API and not self._lib.graphs) or (
-                name in _BLAS_API and not self._lib.blas) or (name in _FUSED_API and not self._lib.fused) or (
-                name in _FOLD_API and not self._lib.fold):
+                name in _BLAS_API and not self._lib.blas) or (name in _FUSED_API and not self._lib.fused):
             raise AttributeError(name)
         op = getattr(self._lib, name)
         lib = self._lib
@@ -73,8 +72,6 @@ _GRAPH_API = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb
                         "lb_df_greedy_advance", "lb_attn_decode_fused_at"})
 # what a FakeLib(fused=False) lacks: the one-kernel decode attention (the engine then issues prep + decode)
 _FUSED_API = frozenset({"lb_attn_decode_fused", "lb_attn_decode_fused_at"})
-# what a FakeLib(fold=False) lacks: the GEMVs with the RMSNorm before them and the next outputs' clear folded in
-_FOLD_API = frozenset({"lb_gemv_q_norm", "lb_gemv_q_clear"})
 # what a FakeLib(blas=False) lacks: the cuBLAS prefill GEMM (a library whose lb::blas is ready offers all three)
 _BLAS_API = frozenset({"lb_blas_ready", "lb_gemm_q_cublas", "lb_gemm_q_cublas_scratch_bytes", "lb_f32_to_f16",
                        "lb_gemm_q_cublas_x16"})
@@ -91,11 +88,10 @@ _UNSAFE_IN_CAPTURE = frozenset({"lb_dev_alloc", "lb_dev_free", "lb_dev_h2d", "lb
 class FakeLib:
     """`call(name, *args)` and `check(status, what)` like _lib.Lib; `fn.<name>` like its ctypes functions."""
 
-    def __init__(self, graphs: bool = False, blas: bool = False, fused: bool = True, fold: bool = True):
+    def __init__(self, graphs: bool = False, blas: bool = False, fused: bool = True):
         self.graphs = graphs  # offer the graph API (engines then replay CUDA graphs by default)
         self.blas = blas  # a loaded cuBLAS: lb_blas_ready() = 1 and lb_gemm_q_cublas
         self.fused = fused  # offer lb_attn_decode_fused (its _at form with the graph API)
-        self.fold = fold  # offer lb_gemv_q_norm and lb_gemv_q_clear
         self._mem: dict[int, np.ndarray] = {}
         self._wcache: dict[tuple, np.ndarray] = {}
         self.calls: list[str] = []
@@ -286,30 +282,6 @@ class FakeLib:
 
     def lb_gemv_q(self, qtype, w, rows, k, x, y, acc, stream):
         self.lb_gemm_q_smalln(qtype, w, rows, k, x, 1, y, acc, stream)
-
-    @staticmethod
-    def _fold_clear(clear, nbytes, *apart):
-        """lb_gemv_q_norm / _clear's zero range: the C API's checks (aligned, whole floats, apart from the
-        (pointer, bytes) ranges the product reads and writes), then the clear."""
-        assert clear is not None or int(nbytes) == 0
-        if clear is None:
-            return
-        c0, c1 = int(clear), int(clear) + int(nbytes)
-        assert c0 % 16 == 0 and nbytes % 4 == 0
-        assert all(c1 <= int(p) or int(p) + int(n) <= c0 for p, n in apart), "clear range overlaps x, y or w"
-        ctypes.memset(c0, 0, int(nbytes))
-
-    def lb_gemv_q_norm(self, qtype, w, rows, k, x, norm_w, eps, y, acc, clear, clear_bytes, stream):
-        """lb_gemv_q of lb_df_rmsnorm's output (the same numpy ops: the fold moves no bit here), tiled types only."""
-        assert qtype in (268, 270) and k <= 8192 and int(norm_w) % 16 == 0, (qtype, k)
-        h = _rms_norm(view(x, np.float32, k).reshape(1, k).copy(), view(norm_w, np.float32, k), eps)
-        h = np.ascontiguousarray(h, np.float32)
-        self.lb_gemm_q_smalln(qtype, w, rows, k, h.ctypes.data, 1, y, acc, stream)
-        self._fold_clear(clear, clear_bytes, (x, 4 * k), (y, 4 * rows), (w, qtype_entry("w", qtype, rows, k).nbytes))
-
-    def lb_gemv_q_clear(self, qtype, w, rows, k, x, y, acc, clear, clear_bytes, stream):
-        self.lb_gemv_q(qtype, w, rows, k, x, y, acc, stream)
-        self._fold_clear(clear, clear_bytes, (x, 4 * k), (y, 4 * rows), (w, qtype_entry("w", qtype, rows, k).nbytes))
 
     # -- small kernels --
     def lb_df_rmsnorm(self, x, w, y, t, n, eps, z0, z0_bytes, z1, z1_bytes, stream):
