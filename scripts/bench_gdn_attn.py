@@ -6,9 +6,6 @@ Each row launches the op for every layer of the 27B (48 DeltaNet layers with the
 the effective bandwidth of the bytes the op must move.
 
     python3 scripts/bench_gdn_attn.py [--json out.json]
-
-The verify-layer row runs lb_gdn_tree_verify's default path (one fused kernel on sm_90, lb_gdn_tree_path) and,
-in a child process under LUCEBOX_GDN_TREE=split (read once per process), the three-kernel path for the A/B.
 """
 
 from __future__ import annotations
@@ -16,8 +13,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,7 +32,6 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--verify-layer-only", action="store_true", help="only the verify-layer row (the A/B child)")
     args = ap.parse_args(argv)
     import torch
 
@@ -128,18 +122,11 @@ def main(argv: list[str]) -> int:
             lib.call("lb_gdn_tree_verify", P(pre), P(a_in), P(b_in), P(z), *wts, P(convs[i]), P(s), P(parents),
                      P(tq), P(tk), P(tv), P(tg), P(tb), P(o), P(saves), n_saves.value, P(y), n, HK, HV, eps, sp)
 
-    tree_path = "fused" if lib.fn.lb_gdn_tree_path(n, HK, HV) else "split"
-    verify_row = f"gdn verify layer N={n} (lb_gdn_tree_verify {tree_path}, 48 layers)"
-    if args.verify_layer_only:
-        timed(verify_row, gdn_verify_layer, state_bytes)
-        return 0
     rows.append(timed("gdn decode step (delta, 48 layers)", gdn_decode, 2 * state_bytes))
     rows.append(timed(f"gdn tree verify N={n} ({n_saves.value} saves, 48 layers)", gdn_tree, state_bytes))
     rows.append(timed("gdn commit replay of 8 slots (48 layers)", gdn_commit, 2 * state_bytes))
     rows.append(timed("gdn decode layer (lb_gdn_decode_step, 48 layers)", gdn_decode_layer, 2 * state_bytes))
-    rows.append(timed(verify_row, gdn_verify_layer, state_bytes))
-    if tree_path == "fused":
-        rows.extend(split_verify_row(args))
+    rows.append(timed(f"gdn verify layer N={n} (lb_gdn_tree_verify, 48 layers)", gdn_verify_layer, state_bytes))
 
     ctx = args.ctx
     max_ctx = ctx + 64
@@ -176,20 +163,6 @@ def main(argv: list[str]) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
-
-
-def split_verify_row(args) -> list[dict]:
-    """The verify-layer row again in a child process on the three-kernel path (LUCEBOX_GDN_TREE=split)."""
-    env = dict(os.environ, LUCEBOX_GDN_TREE="split")
-    cmd = [sys.executable, __file__, "--verify-layer-only", "--iters", str(args.iters)]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        print(f"split verify-layer child failed: {r.stderr[-2000:]}", file=sys.stderr)
-        return []
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    for row in rows:
-        print(json.dumps(row), flush=True)
-    return rows
 
 
 if __name__ == "__main__":

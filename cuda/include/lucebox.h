@@ -328,17 +328,12 @@ LB_API int lb_gdn_decode_step(const void* pre, const void* a, const void* b, con
  * sm_90 clusters, LUCEBOX_GDN_DECODE != "split"), 0 where it runs conv_prep + delta + out_norm. */
 LB_API int lb_gdn_decode_path(int t, int hk, int hv);
 /* Verify of one layer: conv_prep along parents into the caller's q, k, v, g, beta (keep them for
- * lb_gdn_commit), the tree delta into o (state and conv_state are only read), out_norm into y. On sm_90 one fused
- * kernel does all three, bit-identical (LUCEBOX_GDN_TREE=split keeps the three kernels). */
+ * lb_gdn_commit), the tree delta into o (state and conv_state are only read), out_norm into y. */
 LB_API int lb_gdn_tree_verify(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
                               const void* ssm_a, const void* dt_bias, const void* norm_w, const void* conv_state,
                               const void* state, const void* parents, void* q, void* k, void* v, void* g,
                               void* beta, void* o, void* saves, int max_saves, void* y, int n, int hk, int hv,
                               float eps, void* stream);
-/* 1 where lb_gdn_tree_verify(n = t, hk, hv) runs one fused kernel on the current device (1 <= t <= 64, Hv / Hk <= 4,
- * sm_90 clusters, LUCEBOX_GDN_TREE != "split", and at the call 16-byte aligned pre, conv_state and z), 0 where it runs
- * conv_prep + delta + out_norm. */
-LB_API int lb_gdn_tree_path(int t, int hk, int hv);
 /* Chunked (chunk 64) form over post-prep inputs, state advanced in place; scratch of
  * lb_gdn_chunked_scratch_bytes(t, hv). */
 LB_API uint64_t lb_gdn_chunked_scratch_bytes(int t, int hv);

@@ -328,7 +328,6 @@ int tree_plan(const int32_t* parents, int n, int32_t* save_idx) {
 namespace {
 
 bool heads_ok(int hk, int hv) { return hk >= 1 && hv >= hk && hv % hk == 0; }
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <typename T>
 T* F(void* p) { return static_cast<T*>(p); }
@@ -421,15 +420,6 @@ extern "C" LB_API int lb_gdn_tree_verify(const void* pre, const void* a, const v
                  "null pointer");
     LB_CHECK_ARG(heads_ok(hk, hv) && n >= 1 && n <= gdn::MAX_TREE, "need 1 <= n <= 64, hv a multiple of hk");
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    // one kernel for the layer where it applies (gdn_tree_fused.cu; LUCEBOX_GDN_TREE=split keeps the three below)
-    if (gdn::tree_fused_ok(n, hk, hv) && aligned16(pre) && aligned16(conv_state) && aligned16(z)) {
-        LB_CUDA_TRY((cudaError_t)gdn::tree_fused(
-            F<float>(pre), F<float>(a), F<float>(b), F<float>(z), F<float>(conv_w), F<float>(ssm_a), F<float>(dt_bias),
-            F<float>(norm_w), F<float>(conv_state), F<float>(state), F<int32_t>(parents), F<float>(q), F<float>(k),
-            F<float>(v), F<float>(g), F<float>(beta), F<float>(o), F<float>(saves), max_saves, F<float>(y), n, hk, hv,
-            eps, s));
-        return LB_OK;
-    }
     const int D = gdn::D, C = (2 * hk + hv) * D;
     // conv_state and state are read only here (const in the API): commit advances them.
     float* cs = const_cast<float*>(F<float>(conv_state));

@@ -47,17 +47,6 @@ int decode_fused(const float* pre, const float* a, const float* b, const float* 
                  const float* ssm_a, const float* dt_bias, const float* norm_w, float* conv_state, float* state,
                  float* y, int hk, int hv, float eps, cudaStream_t s);
 
-// The tree verify of one layer in one kernel (gdn_tree_fused.cu): conv along the parents + SiLU + norms into the
-// kept q, k, v, g, beta, the tree walk of the delta rule (o, saves), the gated output norm into y; state and
-// conv_state only read. Bit-identical to conv_prep + delta + out_norm. tree_fused_ok: whether it applies (1 <= n <= 64,
-// Hv / Hk <= 4, a cluster-capable device and build, LUCEBOX_GDN_TREE != "split"); the caller also needs pre,
-// conv_state and z 16-byte aligned.
-bool tree_fused_ok(int n, int hk, int hv);
-int tree_fused(const float* pre, const float* a, const float* b, const float* z, const float* conv_w,
-               const float* ssm_a, const float* dt_bias, const float* norm_w, const float* conv_state,
-               const float* state, const int32_t* parents, float* q, float* k, float* v, float* g, float* beta,
-               float* o, float* saves, int max_saves, float* y, int n, int hk, int hv, float eps, cudaStream_t s);
-
 // Slots whose state a later slot branches from (some child c != i + 1): save_idx[i] = compact index or
 // -1. Returns the count. The device kernel applies the same rule; this host twin sizes `saves`.
 int tree_plan(const int32_t* parents, int n, int32_t* save_idx);

@@ -374,9 +374,6 @@ class FakeLib:
     def lb_gdn_decode_path(self, t, hk, hv):
         return 0  # the numpy step above is the three-op path's math; there is no fused kernel here
 
-    def lb_gdn_tree_path(self, t, hk, hv):
-        return 0  # likewise for the tree verify
-
     def lb_gdn_prefill(self, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, scratch, t, hk, hv, eps, s):
         self._sequence(gated_delta_chunked, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, t, hk, hv, eps)
 
