@@ -135,7 +135,7 @@ struct XStager {
     }
 };
 
-// ---- small-N v5: contiguous fragment loads (Q4_K and Q4_K_T, lb_qmm_smalln_select 12 / 13) --------------
+// ---- small-N v5: contiguous fragment loads (the shipped kernel of Q4_K and Q4_K_T at n = 2..32) -----------------
 // The mma's k is a dummy index: any bijection between (lane part t, step, fragment slot) and the block's 256 k
 // works as long as A (weights) and B (the staged x) use the same one, and every weight is dequantized on its own
 // (d·sc and dmin·m per weight), so a k-step need not share a scale. Traits<Q4_K> gives lane t the qs bytes
@@ -148,21 +148,18 @@ struct XStager {
 // TraitsK45's frag unchanged (the same word, masks and magic), only the addresses and the k of each word differ.
 // The x staging (XStager, smalln_group) and the B reads are the generic ones driven by klane/kstep, so B follows
 // the same map (16-k group grp = 4t + 2S + C; tests/unit/test_qmm_smalln_v5_map.py models both sides).
-// kL1: the two pieces of a lane are the two halves of 32 bytes (sector-aligned in Q4_K_T odd rows, straddling
-// two sectors in even rows), so each sector is touched by two load instructions: with L1::no_allocate (ldg_stream,
-// the shipped kernels' load) both go to L2 (2× the L2→SM sectors of the 2304 weight bytes of a warp item, against
-// ~1.3× for Traits<Q4_K>'s 64-byte quad runs); kL1 loads with L1::evict_first instead, so the second instruction
-// can hit the line the first one allocated. Select 12 = kL1, select 13 = no_allocate (the A/B of that choice).
-constexpr int kV5Flag = 0x200, kV5StreamFlag = 0x400;  // template-only ids, never a C API qtype
+// Loads: the two pieces of a lane are the two halves of 32 bytes (sector-aligned in Q4_K_T odd rows, straddling
+// two sectors in even rows), so each sector is touched by two load instructions; they load with L1::evict_first
+// so that the second instruction can hit the line the first one allocated (with the L1::no_allocate of the other
+// kernels, the session-8 select 13, both go to L2 and it measured 2-3% slower than the pre-v5 kernel: docs/perf.md).
+constexpr int kV5Flag = 0x200;  // template-only ids, never a C API qtype
 enum : int {
     Q4_K_V5 = Q4_K | kV5Flag,
     Q4_K_T_V5 = Q4_K_T | kV5Flag,
-    Q4_K_V5S = Q4_K | kV5Flag | kV5StreamFlag,
-    Q4_K_T_V5S = Q4_K_T | kV5Flag | kV5StreamFlag,
 };
 __host__ __device__ constexpr inline bool is_v5(int qt) { return (qt & kV5Flag) != 0; }
 
-// 16-byte load that allocates in L1 with the first eviction priority (the v5 pieces under kL1).
+// 16-byte load that allocates in L1 with the first eviction priority (the v5 pieces).
 __device__ __forceinline__ uint4 ldg_l1_first(const void* p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -171,7 +168,7 @@ __device__ __forceinline__ uint4 ldg_l1_first(const void* p) {
     return v;
 }
 
-template <bool kTile, bool kL1>
+template <bool kTile>
 struct TraitsK4V5 : TraitsK45<false, kTile> {
     using Base = TraitsK45<false, kTile>;
     using Row = typename Base::Row;
@@ -181,7 +178,7 @@ struct TraitsK4V5 : TraitsK45<false, kTile> {
         const uint8_t* b = w + block_index<kTile>(row, kb, k / QK) * Base::kBlockBytes;
         return p == Base::kHdr ? b : b + 16 + 32 * t + 16 * (p - Base::kQs);
     }
-    __device__ static uint4 load(const uint8_t* p) { return kL1 ? ldg_l1_first(p) : ldg_stream(p); }
+    __device__ static uint4 load(const uint8_t* p) { return ldg_l1_first(p); }
     __device__ static int klane(int t) { return 64 * t; }
     static constexpr int kstep(int c, int u, int s) { return 16 * c + 32 * s + 4 * u; }
     // sub-block j = 2t + S: ggml's get_scale_min_k4 with j >= 4 (t >= 2) a per-lane select, not a template
@@ -199,13 +196,9 @@ struct TraitsK4V5 : TraitsK45<false, kTile> {
     }
 };
 template <>
-struct Traits<Q4_K_V5> : TraitsK4V5<false, true> {};
+struct Traits<Q4_K_V5> : TraitsK4V5<false> {};
 template <>
-struct Traits<Q4_K_T_V5> : TraitsK4V5<true, true> {};
-template <>
-struct Traits<Q4_K_V5S> : TraitsK4V5<false, false> {};
-template <>
-struct Traits<Q4_K_T_V5S> : TraitsK4V5<true, false> {};
+struct Traits<Q4_K_T_V5> : TraitsK4V5<true> {};
 
 // One item of one warp, qmm_item's arithmetic with B from the staged buffer.
 template <int QT, int NT, int MT>
