@@ -30,10 +30,12 @@ using namespace lb::q;
 // 48 and 8 above; 10, 11: the same shapes with 8 column tiles at every n = 33..64 (NT = 6 measured 47 against 54 µs at
 // n = 33, Q4_K 5120×17408); 12: the shipped choice (select 12 was small-N v5 while it was opt-in: session 8); 13: the
 // pre-v5 kernel for Q4_K and Q4_K_T at n = 2..32 (Traits<Q4_K> / Traits<Q4_K_T>, L1::no_allocate loads, the same launch
-// shapes; the kernel shipped before session 9), in lb_gemm_q_smalln_seg too; every other type and width under 12, 13:
-// the shipped choice.
-constexpr int kSelPreV5 = 13;
-constexpr int kSelectMax = 13;
+// shapes; the kernel shipped before session 9), in lb_gemm_q_smalln_seg too; 14, 15, 16: small-N v6 for Q6_K_T at n =
+// 2..32 (qmm_smalln.cuh: contiguous runs, one scale decode per sub-block, one tile pointer per item) in launch shape D
+// (1×8, two blocks an SM: Q6_K_T's shipped shape), B (2×4) and D with three blocks an SM (see v6_launch); every other
+// type and width under 12..16: the shipped choice.
+constexpr int kSelPreV5 = 13, kSelV6D = 14, kSelV6B = 15, kSelV6D3 = 16;
+constexpr int kSelectMax = 16;
 
 // LUCEBOX_QMM_SMALLN_SELECT, read once when the library loads: the initial select (0 when unset; a value that is
 // not an integer in 0..kSelectMax is reported on stderr and ignored).
@@ -168,6 +170,29 @@ bool takes_v5(int sel, int n) {
     return kSeg || QT == Q4_K_T || sel == 0 || sel >= 8;
 }
 
+// small-N v6 for Q6_K_T at n = 2..32: select 14 in launch shape D (1×8, two blocks an SM: Q6_K_T's shipped shape),
+// 15 in shape B (2×4, three blocks an SM up to 3 column tiles, as Q4_K's, two at 4), 16 in shape D with three blocks
+// an SM up to 3 column tiles (24 warps, ≤ 80 registers; 4 column tiles spill there, so two blocks: select 14's kernel).
+// ptxas (sm_90, no spills): 91 / 108 / 118 registers for 14 at 1 / 3 / 4 column tiles, 168 for 15 and 80 for 16 at 3.
+template <int NT>
+int v6_launch(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+              cudaStream_t s) {
+    constexpr int kThree = NT <= 3 ? 3 : 2;
+    if (sel == kSelV6B) return qmm_smalln_launch<Q6_K_T_V6, NT, 2, 4, kThree>(w, n_rows, k, x, n, y, accumulate, s);
+    if (sel == kSelV6D3) return qmm_smalln_launch<Q6_K_T_V6, NT, 1, 8, kThree>(w, n_rows, k, x, n, y, accumulate, s);
+    return qmm_smalln_launch<Q6_K_T_V6, NT, 1, 8, 2>(w, n_rows, k, x, n, y, accumulate, s);
+}
+
+int v6_widths(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+              cudaStream_t s) {
+    if (n <= 8) return v6_launch<1>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 16) return v6_launch<2>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 24) return v6_launch<3>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    return v6_launch<4>(sel, w, n_rows, k, x, n, y, accumulate, s);
+}
+
+bool takes_v6(int sel, int n) { return sel >= kSelV6D && n >= 2 && n <= 32; }
+
 template <int QT>
 int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                     cudaStream_t s) {
@@ -175,7 +200,7 @@ int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n,
     if constexpr (QT == Q4_K) {
         if (takes_v5<QT>(sel, n)) return v5_widths<QT>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
     }
-    if (sel >= 12) sel = 0;  // 13 for Q4_K (the pre-v5 kernel); 12, 13 for every other type: the shipped choice
+    if (sel >= 12) sel = 0;  // 13 for Q4_K (the pre-v5 kernel); 12..16 for every other type: the shipped choice
     if (sel == 0 && n > 32) sel = 8;  // shipped at n = 33..64: shape G
     if (sel >= 8) {
         if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
@@ -227,7 +252,7 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
     int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, y);
     if (st != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    // the tiled layouts take select 13 (Q4_K_T: the pre-v5 kernel) only
+    // the tiled layouts take selects 13 (Q4_K_T: the pre-v5 kernel) and 14..16 (Q6_K_T: small-N v6) only
     const int sel = g_select.load(std::memory_order_relaxed);
     switch (qtype) {
         case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s);
@@ -236,7 +261,9 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
             return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
         case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
-        case Q6_K_T: return shipped_dispatch<Q6_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
+        case Q6_K_T:
+            if (takes_v6(sel, n)) return v6_widths(sel, w, n_rows, k, x, n, y, accumulate, s);
+            return shipped_dispatch<Q6_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
         default: return smalln_dispatch<Q8_0>(w, n_rows, k, x, n, y, accumulate, s);
     }
 }

@@ -8,11 +8,11 @@ Every type, odd row counts, K a multiple of 256 with an odd block count, each co
 1 (output preset to a random vector), plus shapes with several items per block (flushes mid-range, both x
 buffers, row-group wrap). Results of the stream-K atomics are compared by relative RMS error, like the others.
 Q4_K and Q4_K_T at n = 2..32 ship small-N v5 (select 0) since session 9; select 13 keeps the pre-v5 kernel, and the
-sweep covers both.
+sweep covers both; selects 14..16 are small-N v6 for Q6_K_T (opt-in), in three launch shapes.
 
-Script mode: `python tests/gpu/test_qmm_smalln.py [--bench | --bench-tiled | --bench-v5]`; --bench-v5 prints the
-shipped kernel (v5) against the pre-v5 one (select 13) on Q4_K_T / Q4_K; --bench-tiled every select that applies to
-the tiled layouts at the verify's n = 23; --bench
+Script mode: `python tests/gpu/test_qmm_smalln.py [--bench | --bench-tiled | --bench-v5 | --bench-v6]`; --bench-v5
+prints the shipped kernel (v5) against the pre-v5 one (select 13) on Q4_K_T / Q4_K; --bench-v6 the Q6_K_T selects 14..16
+against the shipped kernel; --bench-tiled every select that applies to the tiled layouts at the verify's n = 23; --bench
 prints n = 64 (register kernel vs each v2 shape) on the 27B shapes and n = 33..57 at ffn_down, then n = 1 vs n = 23
 (every kernel) on the 27B shapes, and the other widths at ffn_down.
 """
@@ -34,12 +34,14 @@ pytestmark = pytest.mark.gpu
 # lb_qmm_smalln_select: 0 shipped, 1 register kernel (qmm.cuh), 2..7 staged shapes A..F at n <= 32 (the pre-v5 map
 # for Q4_K); 8..11 the staged kernel at n = 33..64 ("small-N v2", shapes G, H; NT 6 up to n = 48 under 8/9, NT 8 always
 # under 10/11); 12 the shipped choice (small-N v5 while it was opt-in, session 8); 13 the pre-v5 kernel for Q4_K and
-# Q4_K_T at n = 2..32 (what shipped before session 9); the shipped choice for every other type and width under 12, 13
+# Q4_K_T at n = 2..32 (what shipped before session 9); 14, 15, 16 "small-N v6" for Q6_K_T at n = 2..32 in launch shape
+# D 1x8, B 2x4 and D with three blocks an SM; the shipped choice for every other type and width under 12..16
 SELECT = {0: "shipped", 1: "register", 2: "staged A 2x8", 3: "staged B 2x4", 4: "staged C 1x16", 5: "staged D 1x8",
           6: "staged E 2x4 split", 7: "staged F 2x8 split"}
 WIDE_SELECT = {8: "v2 G 2x8", 9: "v2 H 1x16", 10: "v2 G 2x8 NT8", 11: "v2 H 1x16 NT8"}
 V5_SELECT = {12: "v5 (12)", 13: "pre-v5 (13)"}
-SELECT_MAX = 13
+V6_SELECT = {14: "v6 D 1x8 (14)", 15: "v6 B 2x4 (15)", 16: "v6 D 1x8 x3 (16)"}
+SELECT_MAX = 16
 PRE_V5 = 13
 NS = [2, 7, 9, 16, 23, 24, 31, 32]
 # n = 33..64: each NT 6 / NT 8 edge and the prefill's 64
@@ -49,7 +51,7 @@ WIDE_NS = [33, 41, 48, 57, 64]
 SHAPES = [(301, 256 * 7), (4099, 256 * 16)]
 # the 27B FFN shape: ~10 items per block, several row-group wraps per block
 MANY_ITEMS_SHAPE = (17408, 5120)
-NAMES = {**SELECT, **WIDE_SELECT, **V5_SELECT}
+NAMES = {**SELECT, **WIDE_SELECT, **V5_SELECT, **V6_SELECT}
 
 
 def select(which: int) -> None:
@@ -128,7 +130,7 @@ def test_wide_selects_keep_small_n_shipped():
 # small-N v5 (the shipped kernel, select 0; 12 is the same) against the pre-v5 kernel (13): Q4_K and the tiled Q4_K at
 # every n = 2..32 (each column-tile count at its edges and between), the odd shapes (partial last row group; several
 # items per block, both x buffers) and the 27B FFN shape (many items per block, row-group wraps); n = 1 and n = 33..64
-# under 12, 13 are the shipped choice.
+# under 12..16 are the shipped choice.
 V5_NS = [2, 3, 5, 7, 8, 9, 12, 16, 17, 20, 23, 24, 25, 29, 31, 32]
 
 
@@ -141,16 +143,16 @@ def test_v5_smalln(qt, rows, k):
 
 @pytest.mark.parametrize("qt", ["Q4_K", "Q4_K_T", "Q6_K", "Q6_K_T"])
 def test_new_selects_keep_other_widths_shipped(qt):
-    ns = [1, 33, 64] if qt in ("Q4_K", "Q4_K_T") else [1, 9, 23, 33]
-    check(qt, fit_rows(qt, 301), 256 * 7, ns, list(V5_SELECT))
+    ns = [1, 33, 64] if qt in ("Q4_K", "Q4_K_T", "Q6_K_T") else [1, 9, 23, 33]
+    check(qt, fit_rows(qt, 301), 256 * 7, ns, [*V5_SELECT, *V6_SELECT])
 
 
 # The tiled Q4_K (qtype 268) runs the shipped shapes only (the launch-shape selects do not apply to it): every width
 # n = 2..64 at the shapes above with rows rounded up to whole 16-row tiles, and the 27B FFN shape, under the shipped
-# kernel and the pre-v5 one.
+# kernel, the pre-v5 one and a Q6_K_T-only select.
 @pytest.mark.parametrize("rows,k", SHAPES + [MANY_ITEMS_SHAPE], ids=[f"N{r}-K{k}" for r, k in SHAPES + [MANY_ITEMS_SHAPE]])
 def test_tiled_q4k_shipped(rows, k):
-    check("Q4_K_T", fit_rows("Q4_K_T", rows), k, NS + WIDE_NS, [0, PRE_V5])
+    check("Q4_K_T", fit_rows("Q4_K_T", rows), k, NS + WIDE_NS, [0, PRE_V5, 14])
 
 
 # The tiled Q6_K (qtype 270) likewise: Q6_K's shipped choices (the register kernel through Traits<Q6_K_T>::piece at
@@ -158,6 +160,18 @@ def test_tiled_q4k_shipped(rows, k):
 @pytest.mark.parametrize("rows,k", SHAPES + [(5120, 17408)], ids=[f"N{r}-K{k}" for r, k in SHAPES + [(5120, 17408)]])
 def test_tiled_q6k_shipped(rows, k):
     check("Q6_K_T", fit_rows("Q6_K_T", rows), k, NS + WIDE_NS, [0])
+
+
+# small-N v6 (selects 14..16) on the tiled Q6_K at every n = 2..32: the odd shapes (a partial last row group of the
+# 2x4 shape: 304 rows are 19 tiles; several items per block), the 27B ffn_down (many items per block, row-group wraps)
+# and attn_qkv shapes.
+V6_SHAPES = SHAPES + [(5120, 17408), (10240, 5120)]
+
+
+@pytest.mark.parametrize("rows,k", V6_SHAPES, ids=[f"N{r}-K{k}" for r, k in V6_SHAPES])
+def test_v6_smalln(rows, k):
+    ns = V5_NS if rows * k < 10**7 else [2, 9, 23, 32]
+    check("Q6_K_T", fit_rows("Q6_K_T", rows), k, ns, list(V6_SELECT))
 
 
 # lb_gemm_q_smalln_seg: one tensor's rows sent to up to four outputs (the engine's back-to-back projections at
@@ -313,12 +327,12 @@ def bench(out=print) -> None:
 
 def bench_tiled(out=print) -> None:
     """The verify's n = 23 on the tiled layouts the engine uploads (Q4_K_T, Q6_K_T) under every select that applies to
-    them: the shipped kernel (0: v5 for Q4_K_T) and the pre-v5 one (13: the session-8 shipped kernel for Q4_K_T; on
-    Q6_K_T the shipped kernel again, a noise check). Last column: best / shipped."""
+    them: the shipped kernel (0: v5 for Q4_K_T), the pre-v5 one (13: the session-8 shipped kernel for Q4_K_T) and
+    small-N v6 (14..16: Q6_K_T only; on Q4_K_T the shipped kernel again, a noise check). Last column: best / shipped."""
     cases = [("Q4_K_T", name, r, k, 23) for name, r, k in BENCH_SHAPES]
     cases += [("Q4_K_T", "ffn_gate/up", 17408, 5120, n) for n in (2, 8, 16, 32)]
     cases += [("Q6_K_T", name, r, k, 23) for name, r, k in BENCH_SHAPES[1:3]]
-    _bench_table(out, [0, PRE_V5], NAMES, cases, "best / shipped", lambda us, one: min(us) / us[0])
+    _bench_table(out, [0, PRE_V5, *V6_SELECT], NAMES, cases, "best / shipped", lambda us, one: min(us) / us[0])
 
 
 def bench_v5(out=print) -> None:
@@ -328,6 +342,18 @@ def bench_v5(out=print) -> None:
     cases += [("Q4_K_T", "ffn_gate/up", 17408, 5120, n) for n in (2, 8, 16, 24, 32)]
     cases += [("Q4_K", name, r, k, 23) for name, r, k in BENCH_SHAPES]
     _bench_table(out, [0, PRE_V5], NAMES, cases, "shipped / pre-v5", lambda us, one: us[0] / us[1])
+
+
+# the 27B Q4_K_M's Q6_K tensors at the verify: ffn_down and attn_qkv of the layers the mix gives Q6_K, and the LM head
+V6_BENCH_SHAPES = [("ffn_down", 5120, 17408), ("attn_qkv", 10240, 5120), ("lm_head", 248320, 5120)]
+
+
+def bench_v6(out=print) -> None:
+    """small-N v6 (selects 14..16) against the shipped kernel (0) on Q6_K_T at the verify's n = 23, and each column-tile
+    count at ffn_down; last column: best v6 / shipped."""
+    cases = [("Q6_K_T", name, r, k, 23) for name, r, k in V6_BENCH_SHAPES]
+    cases += [("Q6_K_T", "ffn_down", 5120, 17408, n) for n in (2, 8, 16, 24, 32)]
+    _bench_table(out, [0, *V6_SELECT], NAMES, cases, "best v6 / shipped", lambda us, one: min(us[1:]) / us[0])
 
 
 WIDE_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]
@@ -357,12 +383,17 @@ def _main(argv: list[str]) -> int:
                     check(qt, rows, k, WIDE_NS, [0, 1, *WIDE_SELECT])
                     if qt == "Q4_K":
                         check("Q4_K_T", fit_rows("Q4_K_T", rows), k, V5_NS, [0, *V5_SELECT])
+                    if qt == "Q6_K":
+                        check("Q6_K_T", fit_rows("Q6_K_T", rows), k, V5_NS, [0, *V6_SELECT])
                     print(f"PASS {qt} N{rows} K{k}", flush=True)
                 except AssertionError as exc:
                     failed += 1
                     print(f"FAIL {exc}", flush=True)
     if "--bench-v5" in argv:
         bench_v5()
+        return 0
+    if "--bench-v6" in argv:
+        bench_v6()
         return 0
     if "--bench-tiled" in argv:
         bench_tiled()
