@@ -58,6 +58,18 @@ def select(which: int) -> None:
     lib().call("lb_qmm_smalln_select", which)
 
 
+def initial_select() -> int:
+    """The select the library started at: LUCEBOX_QMM_SMALLN_SELECT as gemm_q_smalln.cu reads it (0 unless an integer
+    in 0..SELECT_MAX). Every test here puts it back when done, so that a gpu run under the knob (an A/B of the engine
+    tests) keeps it in the files after this one."""
+    v = os.environ.get("LUCEBOX_QMM_SMALLN_SELECT", "")
+    return int(v) if v.isdigit() and int(v) <= SELECT_MAX else 0
+
+
+def restore() -> None:
+    select(initial_select())
+
+
 def errors(qt: str, rows: int, k: int, ns, selects) -> list[tuple[int, int, int, float]]:
     """(select, n, accumulate, relative RMS error) of every combination; the reference product is computed once
     per n. Raises on an unwritten (NaN) output."""
@@ -88,7 +100,7 @@ def errors(qt: str, rows: int, k: int, ns, selects) -> list[tuple[int, int, int,
             finally:
                 xd.close()
     finally:
-        select(0)
+        restore()
     return out
 
 
@@ -190,7 +202,7 @@ def test_segmented_outputs(qt, rows, k, parts, sel):
     try:
         segmented_case(qt, rows, k, parts)
     finally:
-        select(0)
+        restore()
 
 
 def segmented_case(qt, rows, k, parts):
@@ -255,7 +267,7 @@ def selected_output(sel: int) -> np.ndarray:
     try:
         return env_case_output()
     finally:
-        select(0)
+        restore()
 
 
 @pytest.mark.parametrize("value,expect", [(str(PRE_V5), PRE_V5), ("0", 0), ("13x", 0), ("99", 0)],
@@ -296,7 +308,7 @@ def bench_us(qt: str, rows: int, k: int, n: int, sel: int, iters: int = 50) -> f
         lib().call("lb_bench_qmm", ALL_QTYPES[qt], rows, k, n, iters, ctypes.byref(ms))
         return ms.value * 1e3
     finally:
-        select(0)
+        restore()
 
 
 def _bench_table(out, sels, names, cases, last_head, last_col) -> None:
