@@ -135,7 +135,7 @@ struct XStager {
     }
 };
 
-// ---- small-N v5: contiguous fragment loads (Q4_K and Q4_K_T, lb_qmm_smalln_select 12 / 13) --------------
+// ---- small-N v5: contiguous fragment loads (the shipped kernel of Q4_K and Q4_K_T at n = 2..32) -----------------
 // The mma's k is a dummy index: any bijection between (lane part t, step, fragment slot) and the block's 256 k
 // works as long as A (weights) and B (the staged x) use the same one, and every weight is dequantized on its own
 // (d·sc and dmin·m per weight), so a k-step need not share a scale. Traits<Q4_K> gives lane t the qs bytes
@@ -148,21 +148,18 @@ struct XStager {
 // TraitsK45's frag unchanged (the same word, masks and magic), only the addresses and the k of each word differ.
 // The x staging (XStager, smalln_group) and the B reads are the generic ones driven by klane/kstep, so B follows
 // the same map (16-k group grp = 4t + 2S + C; tests/unit/test_qmm_smalln_v5_map.py models both sides).
-// kL1: the two pieces of a lane are the two halves of 32 bytes (sector-aligned in Q4_K_T odd rows, straddling
-// two sectors in even rows), so each sector is touched by two load instructions: with L1::no_allocate (ldg_stream,
-// the shipped kernels' load) both go to L2 (2× the L2→SM sectors of the 2304 weight bytes of a warp item, against
-// ~1.3× for Traits<Q4_K>'s 64-byte quad runs); kL1 loads with L1::evict_first instead, so the second instruction
-// can hit the line the first one allocated. Select 12 = kL1, select 13 = no_allocate (the A/B of that choice).
-constexpr int kV5Flag = 0x200, kV5StreamFlag = 0x400;  // template-only ids, never a C API qtype
+// Loads: the two pieces of a lane are the two halves of 32 bytes (sector-aligned in Q4_K_T odd rows, straddling
+// two sectors in even rows), so each sector is touched by two load instructions; they load with L1::evict_first
+// so that the second instruction can hit the line the first one allocated (with the L1::no_allocate of the other
+// kernels, the session-8 select 13, both go to L2 and it measured 2-3% slower than the pre-v5 kernel: docs/perf.md).
+constexpr int kV5Flag = 0x200;  // template-only ids, never a C API qtype
 enum : int {
     Q4_K_V5 = Q4_K | kV5Flag,
     Q4_K_T_V5 = Q4_K_T | kV5Flag,
-    Q4_K_V5S = Q4_K | kV5Flag | kV5StreamFlag,
-    Q4_K_T_V5S = Q4_K_T | kV5Flag | kV5StreamFlag,
 };
 __host__ __device__ constexpr inline bool is_v5(int qt) { return (qt & kV5Flag) != 0; }
 
-// 16-byte load that allocates in L1 with the first eviction priority (the v5 pieces under kL1).
+// 16-byte load that allocates in L1 with the first eviction priority (the v5 pieces).
 __device__ __forceinline__ uint4 ldg_l1_first(const void* p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -171,7 +168,7 @@ __device__ __forceinline__ uint4 ldg_l1_first(const void* p) {
     return v;
 }
 
-template <bool kTile, bool kL1>
+template <bool kTile>
 struct TraitsK4V5 : TraitsK45<false, kTile> {
     using Base = TraitsK45<false, kTile>;
     using Row = typename Base::Row;
@@ -181,7 +178,7 @@ struct TraitsK4V5 : TraitsK45<false, kTile> {
         const uint8_t* b = w + block_index<kTile>(row, kb, k / QK) * Base::kBlockBytes;
         return p == Base::kHdr ? b : b + 16 + 32 * t + 16 * (p - Base::kQs);
     }
-    __device__ static uint4 load(const uint8_t* p) { return kL1 ? ldg_l1_first(p) : ldg_stream(p); }
+    __device__ static uint4 load(const uint8_t* p) { return ldg_l1_first(p); }
     __device__ static int klane(int t) { return 64 * t; }
     static constexpr int kstep(int c, int u, int s) { return 16 * c + 32 * s + 4 * u; }
     // sub-block j = 2t + S: ggml's get_scale_min_k4 with j >= 4 (t >= 2) a per-lane select, not a template
@@ -199,13 +196,135 @@ struct TraitsK4V5 : TraitsK45<false, kTile> {
     }
 };
 template <>
-struct Traits<Q4_K_V5> : TraitsK4V5<false, true> {};
+struct Traits<Q4_K_V5> : TraitsK4V5<false> {};
 template <>
-struct Traits<Q4_K_T_V5> : TraitsK4V5<true, true> {};
+struct Traits<Q4_K_T_V5> : TraitsK4V5<true> {};
+
+// ---- small-N v6: Q6_K_T from contiguous runs, one scale decode per sub-block (opt-in: selects 14..16) ------------
+// Traits<Q6_K_T> gives lane t the ql bytes 64c + 16t .. +15 (c = 0, 1) and the qh bytes 32c + 16(t & 1) .. +15 (the
+// same 16 bytes for lanes t and t ^ 2, each using two of every byte's four bit pairs) and decodes one scale per (row,
+// c, s). Here lane t = 2c' + e owns, in each of its two rows, the weights 128c' + 32j + l, j = 0..3,
+// l = 16e .. 16e + 15 (one 16-weight sub-block 8c' + 2j + e per j), which are:
+//   ql bytes 64c' + l      (A; low nibble: j = 0, high: j = 2),  ql bytes 64c' + 32 + l (B; low: j = 1, high: j = 3),
+//   qh bytes 32c' + l      (bit pair j of each byte),            scale bytes 8c' + 2j + e,
+// i.e. three 16-byte runs, every qh bit it loads used once, and the four scales in bytes e and e + 2 of the two
+// words of scale bytes 8c' .. 8c' + 7. Word u of A, B and qh (l = 16e + 4u + b, b = 0..3) gives four words of clean
+// 6-bit values (bitselect of a nibble and a masked, shifted qh pair), each of which two PRMTs turn into the
+// (1024 + q) half2 of bytes (0, 2) and (1, 3): run j of word u is mma step q = 4j + u at TraitsK45's slots
+// (2t, 2t + 1 | 2t + 8, 2t + 9) ← bytes (0, 2 | 1, 3). The k each slot stands for, with j = 2c + s for the generic
+// staging's klane/kstep:
+//   actual k = klane(t) + kstep(c, u, s) + b = 128(t >> 1) + 16(t & 1) + 32j + 4u + b,
+// so XStager / smalln_group (16-k group grp = 8(t >> 1) + (t & 1) + 2j) and smalln_item's B reads follow the same map
+// (tests/unit/test_qmm_smalln_v6_map.py models both sides against gguf's Q6_K dequantization).
+// Loads per 16-row tile and lane: ql 2 × 2, qh 2, scales 2 × 8 bytes and the fp16 d of rows g and g + 8 as one 4-byte
+// word: 9 instructions against Traits<Q6_K_T>'s 10 + 2, each sector of the 3360-byte tile read by exactly one of them
+// (L1::no_allocate). Addresses: four lane offsets fixed for the kernel and one tile pointer per item (the generic
+// smalln_load recomputes 64-bit row and tile products for every piece).
+constexpr int kV6Flag = 0x800;  // template-only id
+enum : int { Q6_K_T_V6 = Q6_K_T | kV6Flag };
+__host__ __device__ constexpr inline bool is_v6(int qt) { return (qt & kV6Flag) != 0; }
+
+// The 8-byte form of ldg_stream (v6's scale bytes).
+__device__ __forceinline__ uint2 ldg_stream8_v6(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
 template <>
-struct Traits<Q4_K_V5S> : TraitsK4V5<false, false> {};
-template <>
-struct Traits<Q4_K_T_V5S> : TraitsK4V5<true, false> {};
+struct Traits<Q6_K_T_V6> {
+    static constexpr int kChunks = 2;  // j = 2c + s: four 32-runs of four words, 16 mma steps
+    static constexpr int kHiLo = 2;
+    static constexpr int kPieces = 3;
+    static constexpr bool kD16 = false;
+    struct Row {
+        uint4 v[kPieces];  // ql A (bytes 64c' + 16e ..), ql B (64c' + 32 + 16e ..), qh (32c' + 16e ..)
+        uint2 sc;          // scale bytes 8c' .. 8c' + 7
+        uint32_t d2;       // (h = 0 only) the fp16 d of rows g (low half) and g + 8 (high half)
+    };
+    __device__ static int klane(int t) { return 128 * (t >> 1) + 16 * (t & 1); }
+    static constexpr int kstep(int c, int u, int s) { return 64 * c + 32 * s + 4 * u; }
+    // Byte offsets in the tile of the lane's pieces of row g (row g + 8: + kH*), by q6t_offset of GGUF bytes
+    // 64c' + 16e (ql A; B is 32 further), 128 + 32c' + 16e (qh), 192 + 8c' (scales) and 208 (d, rows g and g + 8):
+    // computed once per kernel (smalln_lane), added to each item's tile pointer.
+    static constexpr int kHQl = 512, kHQh = 256, kHSc = 128;
+    struct Lane {
+        uint32_t ql, qh, sc, d;
+    };
+    // kKeep: each through an opaque move, so that the four stay in registers (otherwise the compiler recomputes them
+    // from the lane index in every item, ~15 instructions); only where the registers allow it (the 2-blocks-an-SM
+    // instances: at 3 blocks, 80 or 168 registers, the four cost spills).
+    template <bool kKeep>
+    __device__ static Lane lane_offsets(int g, int t) {
+        return {keep<kKeep>(Q6T::kQl + 1024 * (t >> 1) + 64 * g + 16 * (t & 1)),
+                keep<kKeep>(Q6T::kQh + 512 * (t >> 1) + 32 * g + 16 * (t & 1)),
+                keep<kKeep>(Q6T::kSc + 16 * g + 8 * (t >> 1)), keep<kKeep>(Q6T::kD + 4 * g)};
+    }
+    template <bool kKeep>
+    __device__ static uint32_t keep(int x) {
+        uint32_t y = (uint32_t)x;
+        if constexpr (kKeep) asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+        return y;
+    }
+    // One tile's pieces (rows g, g + 8) from the tile at `tile`.
+    __device__ static void load(const uint8_t* tile, const Lane& ln, Row (&r)[2]) {
+        const uint8_t* ql = tile + ln.ql;
+        const uint8_t* qh = tile + ln.qh;
+        const uint8_t* sc = tile + ln.sc;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            r[h].v[0] = ldg_stream(ql + kHQl * h);
+            r[h].v[1] = ldg_stream(ql + kHQl * h + 32);
+            r[h].v[2] = ldg_stream(qh + kHQh * h);
+            r[h].sc = ldg_stream8_v6(sc + kHSc * h);
+        }
+        r[0].d2 = ldg_stream4(tile + ln.d);
+    }
+    // The scale pairs (row g, row g + 8) of sub-blocks 8c' + 2j + e: d·sc rounded to fp16 once, as Traits<Q6_K>::prep
+    // (whose fp32 product is exact, as the HMUL2 of the exact halves here is before its one rounding). A PRMT takes
+    // byte e (j even) or e + 2 (j odd) of word j >> 1 of each row's scales to bytes 0 and 2; with the sign bit flipped
+    // and 0x64 above, each half is 1024 + 128 + sc, and an exact HSUB2 leaves sc.
+    __device__ static void scales(const Row (&r)[2], int t, __half2 (&s)[4]) {
+        const uint32_t e = t & 1;
+        const uint32_t sel0 = e | (4 + e) << 8, sel1 = sel0 + 0x202;
+        const __half2 d = bits_h2(r[0].d2);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint32_t w = __byte_perm(j < 2 ? r[0].sc.x : r[0].sc.y, j < 2 ? r[1].sc.x : r[1].sc.y,
+                                           j & 1 ? sel1 : sel0);
+            const uint32_t hv = lop3<kAndXor>(w, 0x00FF00FFu, 0x64806480u);
+            s[j] = __hmul2(__hsub2(bits_h2(hv), kSub1152()), d);
+        }
+    }
+    static constexpr uint32_t kAndXor = 0x6A;  // (a & b) ^ c
+    // x << 4 as its own instruction: written in C, (h & 0x33333333) << 4 next to h & 0x33333333 becomes
+    // (h << 4) & 0x33333330, a shift and a mask where the shift alone does (16 instructions an item).
+    __device__ static uint32_t shl4(uint32_t x) {
+        uint32_t y;
+        asm("shl.b32 %0, %1, 4;" : "=r"(y) : "r"(x));
+        return y;
+    }
+    static constexpr uint32_t kBitSel = 0xE4;  // (a & c) | (b & ~c)
+    // The four words of clean 6-bit values of word u of one row: v[j] byte b = q of weight 128c' + 32j + 16e + 4u + b.
+    // Nibbles: A (j = 0), B (1), A >> 4 (2), B >> 4 (3), in bits 0-3 of each byte (kNib); qh pairs j = 0, 2 (h02)
+    // and 1, 3 (h13) at bits 0-1 and 4-5 of each byte, bits 2-3 and 6-7 cleared, so bits 4-5 of h << 4 or of h itself
+    // bring the pair and bits 6-7 stay 0.
+    __device__ static void words(const Row& r, int u, uint32_t (&v)[4]) {
+        const uint32_t a = (&r.v[0].x)[u], b = (&r.v[1].x)[u], h = (&r.v[2].x)[u];
+        const uint32_t h02 = h & 0x33333333u, h13 = (h >> 2) & 0x33333333u;
+        constexpr uint32_t kNib = 0x0F0F0F0Fu;
+        v[0] = lop3<kBitSel>(a, shl4(h02), kNib);
+        v[1] = lop3<kBitSel>(b, shl4(h13), kNib);
+        v[2] = lop3<kBitSel>(a >> 4, h02, kNib);
+        v[3] = lop3<kBitSel>(b >> 4, h13, kNib);
+    }
+    // A half2 of word v's bytes 0 and 2 (kHi = false) or 1 and 3: (q - 32)·scale.
+    template <bool kHi>
+    __device__ static uint32_t deq(uint32_t v, __half2 scale) {
+        const uint32_t p = __byte_perm(v, 0x64646464u, kHi ? 0x4341 : 0x4240);
+        return h2_bits(__hmul2(__hsub2(bits_h2(p), kSub1056()), scale));
+    }
+};
 
 // One item of one warp, qmm_item's arithmetic with B from the staged buffer.
 template <int QT, int NT, int MT>
@@ -276,33 +395,101 @@ __device__ __forceinline__ void smalln_item_v5(const typename Traits<QT>::Row (&
     });
 }
 
-// The kernel's item: smalln_item, or smalln_item_v5 for the v5 ids (the shipped instances' code unchanged).
+// small-N v6's item (Q6_K_T_V6): the four scale pairs of each row tile once, then per word u the four clean words of
+// each row and their four mma steps q = 4j + u (the B reads and mma of smalln_item; the steps in the order u, j).
+template <int QT, int NT, int MT>
+__device__ __forceinline__ void smalln_item_v6(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
+                                               const uint2* buf, int lane, int t) {
+    using Tr = Traits<QT>;
+    __half2 sc[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; ++m) Tr::scales(rr[m], t, sc[m]);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        uint32_t v[MT][2][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            Tr::words(rr[m][0], u, v[m][0]);
+            Tr::words(rr[m][1], u, v[m][1]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int q = 4 * j + u;
+            uint2 b[NT];
+#pragma unroll
+            for (int ct = 0; ct < NT; ++ct) b[ct] = buf[(q * NT + ct) * 32 + (lane ^ u)];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                const __half2 sg = __low2half2(sc[m][j]), sg8 = __high2half2(sc[m][j]);
+                const uint32_t a0 = Tr::template deq<false>(v[m][0][j], sg);
+                const uint32_t a1 = Tr::template deq<false>(v[m][1][j], sg8);
+                const uint32_t a2 = Tr::template deq<true>(v[m][0][j], sg);
+                const uint32_t a3 = Tr::template deq<true>(v[m][1][j], sg8);
+#pragma unroll
+                for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct].x, b[ct].y);
+            }
+        }
+    }
+}
+
+// The kernel's item: smalln_item, or smalln_item_v5 / smalln_item_v6 for their ids.
 template <int QT, int NT, int MT>
 __device__ __forceinline__ void smalln_item_any(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
                                                 const uint2* buf, int lane, int t) {
-    if constexpr (is_v5(QT)) smalln_item_v5<QT, NT, MT>(rr, acc, buf, lane, t);
+    if constexpr (is_v6(QT)) smalln_item_v6<QT, NT, MT>(rr, acc, buf, lane, t);
+    else if constexpr (is_v5(QT)) smalln_item_v5<QT, NT, MT>(rr, acc, buf, lane, t);
     else smalln_item<QT, NT, MT>(rr, acc, buf, lane, t);
+}
+
+// What smalln_load needs of the lane besides (g, t), computed once per kernel: v6's piece offsets, else nothing.
+struct NoLane {};
+template <int QT, bool = is_v6(QT)>
+struct SmallnLaneOf {
+    using type = NoLane;
+};
+template <int QT>
+struct SmallnLaneOf<QT, true> {
+    using type = typename Traits<QT>::Lane;
+};
+template <int QT>
+using SmallnLane = typename SmallnLaneOf<QT>::type;
+template <int QT, bool kKeep>
+__device__ __forceinline__ SmallnLane<QT> smalln_lane(int g, int t) {
+    if constexpr (is_v6(QT)) return Traits<QT>::template lane_offsets<kKeep>(g, t);
+    else return {};
 }
 
 // The MT row tiles' weights of one item into registers (qmm_kernel's loads; rows past the end load the
 // last row, in bounds and never stored).
+// v6 (Q6_K_T_V6): one pointer per row tile (a partial last row group's tile past the end loads the last tile, never
+// stored), the lane's pieces at offsets fixed for the kernel.
 template <int QT, int MT>
 __device__ __forceinline__ void smalln_load(const QmmArgs& a, int64_t row0, int kb, int g, int t,
-                                            typename Traits<QT>::Row (&rr)[MT][2]) {
+                                            typename Traits<QT>::Row (&rr)[MT][2], const SmallnLane<QT>& ln) {
     using Tr = Traits<QT>;
+    if constexpr (is_v6(QT)) {
+        const int64_t nb = a.k / QK;
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int64_t row = min(row0 + 16 * m + g + 8 * h, a.n_rows - 1);
-#pragma unroll
-            for (int p = 0; p < Tr::kPieces; ++p) {
-                if constexpr (is_v5(QT)) rr[m][h].v[p] = Tr::load(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
-                else rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
-            }
-            if constexpr (Tr::kD16)
-                rr[m][h].d = __half2float(*Tr::d_ptr(a.w, a.n_rows, a.k, row, kb));
+        for (int m = 0; m < MT; ++m) {
+            int64_t tile = (row0 >> 4) + m;
+            if (m > 0) tile = min(tile, a.n_rows / kTileRows - 1);
+            Tr::load(a.w + (tile * nb + kb) * Q6T::kBytes, ln, rr[m]);
         }
+    } else {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int64_t row = min(row0 + 16 * m + g + 8 * h, a.n_rows - 1);
+#pragma unroll
+                for (int p = 0; p < Tr::kPieces; ++p) {
+                    if constexpr (is_v5(QT)) rr[m][h].v[p] = Tr::load(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
+                    else rr[m][h].v[p] = ldg_stream(Tr::piece(a.w, a.n_rows, a.k, row, kb, t, p));
+                }
+                if constexpr (Tr::kD16)
+                    rr[m][h].d = __half2float(*Tr::d_ptr(a.w, a.n_rows, a.k, row, kb));
+            }
+    }
 }
 
 // W warps per block, each MT row tiles of 16: a row group of 16·MT·W rows; items (row group, kb) split
@@ -340,7 +527,8 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
     int64_t row0 = grp * kGroupRows + (int64_t)warp * MT * 16;
 
     typename Tr::Row rr[MT][2];
-    if (row0 < a.n_rows) smalln_load<QT, MT>(a, row0, kb, g, t, rr);  // weights: never written by a predecessor
+    const SmallnLane<QT> ln = smalln_lane<QT, (kMinBlocks < 3)>(g, t);
+    if (row0 < a.n_rows) smalln_load<QT, MT>(a, row0, kb, g, t, rr, ln);  // weights: never written by a predecessor
     const XStager<QT, NT, W, kSplit, NT <= 4 ? 16 : 8> xst(a, warp, lane);
     pdl_wait();  // x (and y, below) may be the previous kernel's output
     xst.stage(kb, a.n, xs[0]);
@@ -367,9 +555,9 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
         if constexpr (kSplit) {
             // (a partial last group skips whole empty tiles)
             if (cur) smalln_item_any<QT, NT, 1>(reinterpret_cast<Tile&>(rr[0]), reinterpret_cast<TileAcc&>(acc[0]), xs[buf], lane, t);
-            if (nxt) smalln_load<QT, 1>(a, nrow0, nkb, g, t, reinterpret_cast<Tile&>(rr[0]));
+            if (nxt) smalln_load<QT, 1>(a, nrow0, nkb, g, t, reinterpret_cast<Tile&>(rr[0]), ln);
             if (cur) smalln_item_any<QT, NT, 1>(reinterpret_cast<Tile&>(rr[1]), reinterpret_cast<TileAcc&>(acc[1]), xs[buf], lane, t);
-            if (nxt) smalln_load<QT, 1>(a, nrow0 + 16, nkb, g, t, reinterpret_cast<Tile&>(rr[1]));
+            if (nxt) smalln_load<QT, 1>(a, nrow0 + 16, nkb, g, t, reinterpret_cast<Tile&>(rr[1]), ln);
             if (cur && (kb + 1 == nb || !more)) qmm_flush<NT, MT>(a, row0, acc, g, t, out);
         } else {
             if (cur) {
@@ -377,7 +565,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
                 if (kb + 1 == nb || !more) qmm_flush<NT, MT>(a, row0, acc, g, t, out);
             }
             // issued before the barrier, so they are in flight while the block waits and stages
-            if (nxt) smalln_load<QT, MT>(a, nrow0, nkb, g, t, rr);
+            if (nxt) smalln_load<QT, MT>(a, nrow0, nkb, g, t, rr, ln);
         }
         if (!more) break;
         ++it;

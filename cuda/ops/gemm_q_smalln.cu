@@ -1,14 +1,18 @@
 // lb_gemm_q_smalln: Y[N, n] (+)= W · X[K, n] for n = 1..64 columns (tree-verify widths) over a
 // quantized matrix; every weight is read once and applied to all n columns.
 // n = 2..64 run the x-staged kernel of cuda/common/qmm_smalln.cuh (x converted to fp16 B fragments once
-// per block and item in shared memory); n = 1 the GEMV of cuda/common/qmm.cuh. The register kernel of
+// per block and item in shared memory); n = 1 the GEMV of cuda/common/qmm.cuh. Q4_K and Q4_K_T at n = 2..32 run
+// small-N v5 (contiguous fragment loads; docs/perf.md, sessions 8 and 9). The register kernel of
 // qmm.cuh (column tiles of 8 instantiated for n ≤ 8, 16, 24, 32, 48, 64) stays as the control and for
 // Q6_K at n ≤ 8. lb_qmm_smalln_select switches between them (and between the staged kernel's launch
-// shapes) for A/B measurements. n = 33..64 (the 27B prefill's 64-row chunks) run shape G with 6 column
+// shapes) for A/B measurements; LUCEBOX_QMM_SMALLN_SELECT=<0..kSelectMax> sets its initial value when the library
+// loads (an A/B of a whole engine run). n = 33..64 (the 27B prefill's 64-row chunks) run shape G with 6 column
 // tiles up to n = 48 ("small-N v2", docs/perf.md: H200, 203 -> 58 µs for Q4_K 17408×5120 at n = 64, pp520
 // 942 -> 2,229 tok/s; shapes G and H measured equal, G kept for Q6_K's 1-2 µs).
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "lb_check.cuh"
@@ -19,16 +23,34 @@ namespace {
 
 using namespace lb::q;
 
-// 0: the shipped choice (kShippedShape at n <= 32, select 8 above); 1: qmm.cuh's register kernel for every
-// n (the path before qmm_smalln.cuh); 2..7: the staged kernel at n = 2..32 in launch shape A..F (see
-// staged_launch); 8, 9: the shipped choice at n <= 32 and the staged kernel at n = 33..64 in shape G, H (see
-// wide_launch) with 6 column tiles up to n = 48 and 8 above; 10, 11: the same shapes with 8 column tiles at
-// every n = 33..64 (NT = 6 measured 47 against 54 µs at n = 33, Q4_K 5120×17408); 12, 13: "small-N v5"
-// (qmm_smalln.cuh: contiguous fragment loads, two scale decodes per row and item) for Q4_K and Q4_K_T at
-// n = 2..32, 12 with L1-allocating weight loads, 13 with the shipped L1::no_allocate (v5_dispatch); every other
-// type and width under 12 / 13: the shipped choice (select 0).
-constexpr int kSelectMax = 13;
-std::atomic<int> g_select{0};
+// 0: the shipped choice (n <= 32: small-N v5 for Q4_K and Q4_K_T, kShippedShape for the other types; select 8 above);
+// 1: qmm.cuh's register kernel for every n (the path before qmm_smalln.cuh; GGUF-order types only, as 2..11); 2..7: the
+// staged kernel at n = 2..32 in launch shape A..F (see staged_launch; the pre-v5 map for Q4_K); 8, 9: the shipped
+// choice at n <= 32 and the staged kernel at n = 33..64 in shape G, H (see wide_launch) with 6 column tiles up to n =
+// 48 and 8 above; 10, 11: the same shapes with 8 column tiles at every n = 33..64 (NT = 6 measured 47 against 54 µs at
+// n = 33, Q4_K 5120×17408); 12: the shipped choice (select 12 was small-N v5 while it was opt-in: session 8); 13: the
+// pre-v5 kernel for Q4_K and Q4_K_T at n = 2..32 (Traits<Q4_K> / Traits<Q4_K_T>, L1::no_allocate loads, the same launch
+// shapes; the kernel shipped before session 9), in lb_gemm_q_smalln_seg too; 14, 15, 16: small-N v6 for Q6_K_T at n =
+// 2..32 (qmm_smalln.cuh: contiguous runs, one scale decode per sub-block, one tile pointer per item) in launch shape D
+// (1×8, two blocks an SM: Q6_K_T's shipped shape), B (2×4) and D with three blocks an SM (see v6_launch); every other
+// type and width under 12..16: the shipped choice.
+constexpr int kSelPreV5 = 13, kSelV6D = 14, kSelV6B = 15, kSelV6D3 = 16;
+constexpr int kSelectMax = 16;
+
+// LUCEBOX_QMM_SMALLN_SELECT, read once when the library loads: the initial select (0 when unset; a value that is
+// not an integer in 0..kSelectMax is reported on stderr and ignored).
+int initial_select() {
+    const char* e = std::getenv("LUCEBOX_QMM_SMALLN_SELECT");
+    if (!e || !*e) return 0;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (*end != '\0' || v < 0 || v > kSelectMax) {
+        std::fprintf(stderr, "lucebox: LUCEBOX_QMM_SMALLN_SELECT=%s ignored (need 0..%d)\n", e, kSelectMax);
+        return 0;
+    }
+    return (int)v;
+}
+std::atomic<int> g_select{initial_select()};
 
 // The register kernel (qmm.cuh) for every n.
 template <int QT>
@@ -114,50 +136,71 @@ int wide_dispatch(int sel, const void* w, int64_t n_rows, int k, const float* x,
     return wide_launch<QT, 8>(shape, w, n_rows, k, x, n, y, accumulate, s);
 }
 
-// small-N v5 (select 12 / 13) for QT = Q4_K or Q4_K_T at n = 2..32, in the shipped shape of Q4_K at that width
-// (B 2×4 up to 3 column tiles, D 1×8 at 4: the launch shapes measured equal on the tiled layout, docs/perf.md
-// session 8, so the A/B against select 0 changes the map and nothing else).
-template <int QT, int QTV, int NT>
-int v5_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s) {
+// small-N v5 (the shipped choice) for QT = Q4_K or Q4_K_T at n = 2..32, in the launch shape of the pre-v5 kernel at
+// that width (B 2×4 up to 3 column tiles, D 1×8 at 4: the launch shapes measured equal on the tiled layout,
+// docs/perf.md session 8, so the A/B against select 13 changes the map only). Out: PlainOut, or lb_gemm_q_smalln_seg's
+// SegOut.
+template <int QT, int NT, typename Out>
+int v5_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s,
+              const Out& out) {
+    constexpr int QTV = QT | kV5Flag;
     if constexpr (kShippedShape<QT, NT> == 1)
-        return qmm_smalln_launch<QTV, NT, 2, 4, kMinBlocksB<QT, NT>>(w, n_rows, k, x, n, y, accumulate, s);
+        return qmm_smalln_launch<QTV, NT, 2, 4, kMinBlocksB<QT, NT>, false, Out>(w, n_rows, k, x, n, y, accumulate, s,
+                                                                                out);
     else
-        return qmm_smalln_launch<QTV, NT, 1, 8, 2>(w, n_rows, k, x, n, y, accumulate, s);
+        return qmm_smalln_launch<QTV, NT, 1, 8, 2, false, Out>(w, n_rows, k, x, n, y, accumulate, s, out);
 }
 
-template <int QT, int QTV>
-int v5_widths(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s) {
-    if (n <= 8) return v5_launch<QT, QTV, 1>(w, n_rows, k, x, n, y, accumulate, s);
-    if (n <= 16) return v5_launch<QT, QTV, 2>(w, n_rows, k, x, n, y, accumulate, s);
-    if (n <= 24) return v5_launch<QT, QTV, 3>(w, n_rows, k, x, n, y, accumulate, s);
-    return v5_launch<QT, QTV, 4>(w, n_rows, k, x, n, y, accumulate, s);
-}
-
-// sel 12 (L1-allocating loads) or 13 (L1::no_allocate); n in 2..32.
-template <int QT>
-int v5_dispatch(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-                cudaStream_t s) {
+template <int QT, typename Out>
+int v5_widths(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s,
+              const Out& out) {
     static_assert(QT == Q4_K || QT == Q4_K_T, "small-N v5 is for Q4_K and Q4_K_T");
-    if (sel == 12) return v5_widths<QT, QT | kV5Flag>(w, n_rows, k, x, n, y, accumulate, s);
-    return v5_widths<QT, QT | kV5Flag | kV5StreamFlag>(w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 8) return v5_launch<QT, 1>(w, n_rows, k, x, n, y, accumulate, s, out);
+    if (n <= 16) return v5_launch<QT, 2>(w, n_rows, k, x, n, y, accumulate, s, out);
+    if (n <= 24) return v5_launch<QT, 3>(w, n_rows, k, x, n, y, accumulate, s, out);
+    return v5_launch<QT, 4>(w, n_rows, k, x, n, y, accumulate, s, out);
 }
 
-// Whether select sel sends (QT, n) to small-N v5.
-template <int QT>
+// Whether select sel sends (QT, n) to small-N v5: Q4_K and Q4_K_T at n = 2..32 under every select but 13 (the pre-v5
+// kernel) and, for lb_gemm_q_smalln's Q4_K, 1..7 (the register kernel and the staged launch shapes A..F, which keep
+// the pre-v5 map). kSeg: lb_gemm_q_smalln_seg, which offers no launch shapes (every select but 13 ships v5).
+template <int QT, bool kSeg = false>
 bool takes_v5(int sel, int n) {
-    return (QT == Q4_K || QT == Q4_K_T) && sel >= 12 && n >= 2 && n <= 32;
+    if (!(QT == Q4_K || QT == Q4_K_T) || n < 2 || n > 32 || sel == kSelPreV5) return false;
+    return kSeg || QT == Q4_K_T || sel == 0 || sel >= 8;
 }
+
+// small-N v6 for Q6_K_T at n = 2..32: select 14 in launch shape D (1×8, two blocks an SM: Q6_K_T's shipped shape),
+// 15 in shape B (2×4, three blocks an SM up to 3 column tiles, as Q4_K's, two at 4), 16 in shape D with three blocks
+// an SM up to 3 column tiles (24 warps, ≤ 80 registers; 4 column tiles spill there, so two blocks: select 14's kernel).
+// ptxas (sm_90, no spills): 91 / 108 / 118 registers for 14 at 1 / 3 / 4 column tiles, 168 for 15 and 80 for 16 at 3.
+template <int NT>
+int v6_launch(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+              cudaStream_t s) {
+    constexpr int kThree = NT <= 3 ? 3 : 2;
+    if (sel == kSelV6B) return qmm_smalln_launch<Q6_K_T_V6, NT, 2, 4, kThree>(w, n_rows, k, x, n, y, accumulate, s);
+    if (sel == kSelV6D3) return qmm_smalln_launch<Q6_K_T_V6, NT, 1, 8, kThree>(w, n_rows, k, x, n, y, accumulate, s);
+    return qmm_smalln_launch<Q6_K_T_V6, NT, 1, 8, 2>(w, n_rows, k, x, n, y, accumulate, s);
+}
+
+int v6_widths(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
+              cudaStream_t s) {
+    if (n <= 8) return v6_launch<1>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 16) return v6_launch<2>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    if (n <= 24) return v6_launch<3>(sel, w, n_rows, k, x, n, y, accumulate, s);
+    return v6_launch<4>(sel, w, n_rows, k, x, n, y, accumulate, s);
+}
+
+bool takes_v6(int sel, int n) { return sel >= kSelV6D && n >= 2 && n <= 32; }
 
 template <int QT>
 int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                     cudaStream_t s) {
     int sel = g_select.load(std::memory_order_relaxed);
-    if (sel >= 12) {
-        if constexpr (QT == Q4_K) {
-            if (takes_v5<QT>(sel, n)) return v5_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
-        }
-        sel = 0;  // other types and widths: the shipped choice
+    if constexpr (QT == Q4_K) {
+        if (takes_v5<QT>(sel, n)) return v5_widths<QT>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
     }
+    if (sel >= 12) sel = 0;  // 13 for Q4_K (the pre-v5 kernel); 12..16 for every other type: the shipped choice
     if (sel == 0 && n > 32) sel = 8;  // shipped at n = 33..64: shape G
     if (sel >= 8) {
         if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
@@ -170,10 +213,11 @@ int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n,
     return staged_or_register<QT, 4>(sel, w, n_rows, k, x, n, y, accumulate, s);
 }
 
-// The shipped shape of each width (kShippedShape, wide shape G) alone: lb_gemm_q_smalln_seg's launches (Out =
-// SegOut) for the types whose consecutive tensors are one block stream (Q4_K, Q5_K, Q4_K_T), and lb_gemm_q_smalln's
-// for the tiled Q4_K_T and Q6_K_T (Out = PlainOut), which are instantiated in the shipped shapes only (not in every launch shape
-// of the A/B selects: those stay a Q4_K measurement, and the file's build time stays). The selects do not apply.
+// The pre-v5 kernel in the shipped shape of each width (kShippedShape, wide shape G) alone: lb_gemm_q_smalln_seg's
+// launches (Out = SegOut) for the types whose consecutive tensors are one block stream (Q4_K, Q5_K, Q4_K_T), and
+// lb_gemm_q_smalln's for the tiled Q4_K_T and Q6_K_T (Out = PlainOut), which are instantiated in the shipped shapes
+// only (not in every launch shape of the A/B selects: those stay a Q4_K measurement, and the file's build time stays).
+// For Q4_K and Q4_K_T at n = 2..32 the callers send everything but select 13 to v5 first (takes_v5).
 template <int QT, int NT, typename Out>
 int shipped_staged(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                    cudaStream_t s, const Out& out) {
@@ -208,16 +252,18 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
     int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, y);
     if (st != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
+    // the tiled layouts take selects 13 (Q4_K_T: the pre-v5 kernel) and 14..16 (Q6_K_T: small-N v6) only
+    const int sel = g_select.load(std::memory_order_relaxed);
     switch (qtype) {
         case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s);
-        case Q4_K_T: {
-            const int sel = g_select.load(std::memory_order_relaxed);  // only 12 / 13 apply to the tiled layout
-            if (takes_v5<Q4_K_T>(sel, n)) return v5_dispatch<Q4_K_T>(sel, w, n_rows, k, x, n, y, accumulate, s);
+        case Q4_K_T:
+            if (takes_v5<Q4_K_T>(sel, n)) return v5_widths<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
             return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
-        }
         case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
-        case Q6_K_T: return shipped_dispatch<Q6_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
+        case Q6_K_T:
+            if (takes_v6(sel, n)) return v6_widths(sel, w, n_rows, k, x, n, y, accumulate, s);
+            return shipped_dispatch<Q6_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
         default: return smalln_dispatch<Q8_0>(w, n_rows, k, x, n, y, accumulate, s);
     }
 }
@@ -263,7 +309,14 @@ extern "C" LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows,
     const int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, ys[0]);
     if (st != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (qtype == Q4_K) return shipped_dispatch<Q4_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
-    if (qtype == Q4_K_T) return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+    const int sel = g_select.load(std::memory_order_relaxed);  // 13: the pre-v5 kernel; no other select applies here
+    if (qtype == Q4_K) {
+        if (takes_v5<Q4_K, true>(sel, n)) return v5_widths<Q4_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+        return shipped_dispatch<Q4_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+    }
+    if (qtype == Q4_K_T) {
+        if (takes_v5<Q4_K_T, true>(sel, n)) return v5_widths<Q4_K_T>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+        return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+    }
     return shipped_dispatch<Q5_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
 }

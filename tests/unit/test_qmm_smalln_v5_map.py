@@ -1,4 +1,5 @@
-"""small-N v5's k map (cuda/common/qmm_smalln.cuh, TraitsK4V5; lb_qmm_smalln_select 12 / 13), modelled on the CPU.
+"""small-N v5's k map (cuda/common/qmm_smalln.cuh, TraitsK4V5: the shipped kernel of Q4_K and Q4_K_T at n = 2..32 since
+session 9; lb_qmm_smalln_select 13 keeps the pre-v5 one), modelled on the CPU.
 
 The kernel gives lane t of quad g the qs bytes [32t, 32t + 32) of rows g and g + 8 (two 16-byte pieces C = 0, 1),
 and feeds the m16n8k16 mma with word u of piece C, nibble step S, at mma step q = (2C + S)·4 + u, slots 2t, 2t + 1,
