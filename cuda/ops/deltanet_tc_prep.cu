@@ -11,21 +11,6 @@ namespace dn {
 namespace tc {
 namespace {
 
-// x / d correctly rounded (as x / d compiles: the reciprocal refined once, the quotient corrected once) without
-// the slow path's branch, so that independent quotients overlap; exact for d in [1, 2^60] and |x| in [2^-60, 2^60]
-// (the fast path's range: no intermediate over- or underflows), which the caller checks.
-__device__ __forceinline__ float div_rn_fast(float x, float d) {
-#ifdef __CUDA_ARCH__
-    float r;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
-#else
-    float r = 1.0f / d;
-#endif
-    r = fmaf(r, fmaf(-d, r, 1.0f), r);
-    const float q = x * r;
-    return fmaf(r, fmaf(-d, q, x), q);
-}
-
 constexpr size_t PREP_SMEM = (size_t)(2 * CH * LDF + CH * LDL + 4 * 16 * LDI + 5 * CH) * 4;  // 95,488 B
 
 template <bool CONV>
@@ -49,134 +34,78 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
 
     // Rows past the prompt are zero (and get beta = 0, g = 0: they solve to zero and leave cum flat).
     if (CONV) {
-        // alpha / beta pre-activations loaded now, in flight during the conv; g, beta computed after it
-        float ab[2] = {0.0f, 0.0f};
-        if (warp < 2) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int i = 2 * lane + e;
-                if (i < L) ab[e] = (warp ? cv.b : cv.a)[(long long)(t0 + i) * cv.ab_t + h];
-            }
-        }
-        // Causal conv (kernel 4) + SiLU of the chunk's rows of this block's q, k and v heads: an item is one channel
-        // over CR rows, whose CR + 3 inputs (3 before the rows: earlier rows of the prompt or the history) are loaded
-        // together; thread tid takes channel tid % 128, rows 16 (tid / 128) and 16 (tid / 128 + 2).. of q, then k, then v (6
-        // rounds of L2 latency). Branch-free (predicated loads, selects, the division's fast path) so that a thread's 16 chains
-        // overlap. q and k go to their tiles (normed below), v out to global memory, read back after the Gram.
-        constexpr int CR = 16;
-        static_assert((CH / CR) * D == 2 * NT, "two items of each of q, k, v a thread");
-        const int d = tid & (D - 1);
-#pragma unroll
-        for (int m = 0; m < 6; ++m) {
-            const int grp = m >> 1, r0 = CR * (tid / D + 2 * (m & 1));
-            const int ch = (grp == 0 ? kh : (grp == 1 ? in.hk + kh : 2 * in.hk + h)) * D + d;
-            const float4 w = *reinterpret_cast<const float4*>(cv.conv_w + (size_t)ch * 4);
-            const float* prow = cv.pre + (long long)(t0 + r0) * cv.ld + ch;  // row r0 (t0 + r0 >= 0)
-            auto load = [&](float (&x)[CR + 3]) {
-#pragma unroll
-                for (int j = 0; j < CR + 3; ++j) {
-                    const int r = r0 - 3 + j;
-                    if (j < 3) {
-                        // history (selects, not cv.hist[3 + t]: a dynamic index would copy the parameters to local
-                        // memory)
-                        const int t = t0 + r;
-                        const float* hp = t == -3 ? cv.hist[0] : (t == -2 ? cv.hist[1] : cv.hist[2]);
-                        const float* p = t >= 0 ? prow + (long long)(j - 3) * cv.ld : (hp ? hp + ch : nullptr);
-                        x[j] = (r < L && p) ? *p : 0.0f;
-                    } else {
-                        x[j] = r < L ? prow[(long long)(j - 3) * cv.ld] : 0.0f;
-                    }
-                }
-            };
-            float x[CR + 3];
-            load(x);
-#ifdef __CUDA_ARCH__
-            // all CR + 3 loads issued before the first use (else the scheduler, short of registers, puts each load
-            // just before its FMA and pays the L2 latency per row)
-#pragma unroll
-            for (int j = 0; j < CR + 3; ++j) asm volatile("" : "+f"(x[j]));
-#endif
-            float s[CR];
-            bool slow = false;
-#pragma unroll
-            for (int j = 0; j < CR; ++j) {
-                const int r = r0 + j;
-                // the decode kernel's association (dn_conv); SiLU x / (1 + e^−x) as siluf_, the quotient by the
-                // correctly rounded division's fast path where its operands allow it (else redone below)
-                const float a = fmaf(w.x, x[j], fmaf(w.y, x[j + 1], fmaf(w.z, x[j + 2], w.w * x[j + 3])));
-                const float den = 1.0f + expf(-a);
-                const float aa = fabsf(a);
-                slow |= r < L && !(den <= 0x1p60f && aa >= 0x1p-60f && aa <= 0x1p60f);
-                s[j] = r < L ? div_rn_fast(a, den) : 0.0f;
-            }
-            if (slow) {
-                // (rare: the inputs are loaded again rather than kept in registers)
-                float y[CR + 3];
-                load(y);
-#pragma unroll
-                for (int j = 0; j < CR; ++j) {
-                    const int r = r0 + j;
-                    s[j] = r < L ? siluf_(fmaf(w.x, y[j], fmaf(w.y, y[j + 1], fmaf(w.z, y[j + 2], w.w * y[j + 3]))))
-                                 : 0.0f;
-                }
-            }
-            if (grp < 2) {
-                float* dst = (grp == 0 ? Qs : Ks) + r0 * LDF + d;
-#pragma unroll
-                for (int j = 0; j < CR; ++j) dst[j * LDF] = s[j];
-            } else {
-                float* dst = cv.v + (long long)(t0 + r0) * in.v_t + (long long)h * in.v_h + d;
-#pragma unroll
-                for (int j = 0; j < CR; ++j)
-                    if (r0 + j < L) dst[(long long)j * in.v_t] = s[j];
-            }
-        }
         if (warp == 0) {
-            // g = ssm_a softplus(alpha + dt_bias) (dn_conv_prep_kernel's arithmetic)
+            // g = ssm_a softplus(alpha + dt_bias), beta = sigmoid(b) (dn_conv_prep_kernel's arithmetic)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int i = 2 * lane + e;
                 float gv = 0.0f;
                 if (i < L) {
-                    const float a = ab[e] + cv.dt_bias[h];
+                    const float a = cv.a[(long long)(t0 + i) * cv.ab_t + h] + cv.dt_bias[h];
                     gv = cv.ssm_a[h] * (a > 20.0f ? a : log1pf(expf(a)));
                 }
                 gs[i] = gv;
             }
         } else if (warp == 1) {
-            // beta = sigmoid(b)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 const int i = 2 * lane + e;
-                bet[i] = i < L ? sigmoidf_(ab[e]) : 0.0f;
+                bet[i] = i < L ? sigmoidf_(cv.b[(long long)(t0 + i) * cv.ab_t + h]) : 0.0f;
+            }
+        }
+        // Causal conv (kernel 4) + SiLU of the chunk's rows of this block's q, k and v heads: an item is one channel
+        // over CR rows, whose CR + 3 inputs (3 before the rows: earlier rows of the prompt or the history) are loaded
+        // together (3 rounds of L2 latency a thread); a warp takes 32 consecutive channels. q and k go to their tiles
+        // (normed below), v out to global memory, read back after the Gram like post-conv inputs.
+        constexpr int CR = 32;
+        for (int it = tid; it < 3 * (CH / CR) * D; it += NT) {
+            const int grp = it / ((CH / CR) * D), r0 = CR * ((it / D) % (CH / CR)), d = it & (D - 1);
+            const int ch = (grp == 0 ? kh : (grp == 1 ? in.hk + kh : 2 * in.hk + h)) * D + d;
+            const float4 w = *reinterpret_cast<const float4*>(cv.conv_w + (size_t)ch * 4);
+            float x[CR + 3];
+#pragma unroll
+            for (int j = 0; j < CR + 3; ++j) {
+                const int r = r0 - 3 + j, t = t0 + r;
+                float val = 0.0f;
+                if (r < L) {
+                    if (t >= 0) {
+                        val = cv.pre[(long long)t * cv.ld + ch];
+                    } else {
+                        // (selects, not cv.hist[3 + t]: a dynamic index would copy the parameters to local memory)
+                        const float* hp = t == -3 ? cv.hist[0] : (t == -2 ? cv.hist[1] : cv.hist[2]);
+                        val = hp ? hp[ch] : 0.0f;
+                    }
+                }
+                x[j] = val;
+            }
+#pragma unroll
+            for (int j = 0; j < CR; ++j) {
+                const int r = r0 + j;
+                // the decode kernel's association (dn_conv)
+                const float s = r < L ? siluf_(fmaf(w.x, x[j], fmaf(w.y, x[j + 1], fmaf(w.z, x[j + 2], w.w * x[j + 3]))))
+                                      : 0.0f;
+                if (grp == 0)
+                    Qs[r * LDF + d] = s;
+                else if (grp == 1)
+                    Ks[r * LDF + d] = s;
+                else if (r < L)
+                    cv.v[(long long)(t0 + r) * in.v_t + (long long)h * in.v_h + d] = s;
             }
         }
         __syncthreads();
-        // L2 norms of the q and k rows (q also / sqrt(dk)), a warp a row, 8 rows of each at a time in flight; the
-        // first value head of each key head writes q out for the output kernel
-#pragma unroll
-        for (int isq = 1; isq >= 0; --isq) {
-            float* tile = isq ? Qs : Ks;
-            float4 a[CH / 8];
-            float ss[CH / 8];
-#pragma unroll
-            for (int n = 0; n < CH / 8; ++n) {
-                a[n] = *reinterpret_cast<const float4*>(tile + (warp + 8 * n) * LDF + 4 * lane);
-                ss[n] = a[n].x * a[n].x + a[n].y * a[n].y + a[n].z * a[n].z + a[n].w * a[n].w;
-            }
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-                for (int n = 0; n < CH / 8; ++n) ss[n] += __shfl_xor_sync(LB_FULL_MASK, ss[n], off);
-#pragma unroll
-            for (int n = 0; n < CH / 8; ++n) {
-                const int i = warp + 8 * n;
-                const float r = isq ? rsqrtf(ss[n] + 1e-6f) * rsqrtf((float)D) : rsqrtf(ss[n] + 1e-6f);
-                const float4 b = make_float4(a[n].x * r, a[n].y * r, a[n].z * r, a[n].w * r);
-                *reinterpret_cast<float4*>(tile + i * LDF + 4 * lane) = b;
-                if (isq && h < in.hk && i < L)
-                    *reinterpret_cast<float4*>(cv.q + qk0 + (long long)i * in.qk_t + 4 * lane) = b;
-            }
+        // L2 norms of the q and k rows (q also / sqrt(dk)); the first value head of each key head writes q out for
+        // the output kernel
+        for (int rr = warp; rr < 2 * CH; rr += NT / 32) {
+            const bool isq = rr < CH;
+            const int i = rr & (CH - 1);
+            float* row = (isq ? Qs : Ks) + i * LDF + 4 * lane;
+            float4 a = *reinterpret_cast<const float4*>(row);
+            const float ss = lb::warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
+            const float r = isq ? rsqrtf(ss + 1e-6f) * rsqrtf((float)D) : rsqrtf(ss + 1e-6f);
+            a = make_float4(a.x * r, a.y * r, a.z * r, a.w * r);
+            *reinterpret_cast<float4*>(row) = a;
+            if (isq && h < in.hk && i < L)
+                *reinterpret_cast<float4*>(cv.q + qk0 + (long long)i * in.qk_t + 4 * lane) = a;
         }
     } else {
         for (int idx = tid; idx < CH * (D / 4); idx += NT) {
