@@ -30,10 +30,11 @@ using namespace lb::q;
 // 48 and 8 above; 10, 11: the same shapes with 8 column tiles at every n = 33..64 (NT = 6 measured 47 against 54 µs at
 // n = 33, Q4_K 5120×17408); 12: the shipped choice (select 12 was small-N v5 while it was opt-in: session 8); 13: the
 // pre-v5 kernel for Q4_K and Q4_K_T at n = 2..32 (Traits<Q4_K> / Traits<Q4_K_T>, L1::no_allocate loads, the same launch
-// shapes; the kernel shipped before session 9), in lb_gemm_q_smalln_seg too; 14, 15, 16: small-N v6 for Q6_K_T at n =
-// 2..32 (qmm_smalln.cuh: contiguous runs, one scale decode per sub-block, one tile pointer per item) in launch shape D
-// (1×8, two blocks an SM: Q6_K_T's shipped shape), B (2×4) and D with three blocks an SM (see v6_launch); every other
-// type and width under 12..16: the shipped choice.
+// shapes; the kernel shipped before session 9), in lb_gemm_q_smalln_seg too, and for Q6_K_T the pre-v6 kernel; 14, 15,
+// 16: small-N v6 for Q6_K_T at n = 2..32 (qmm_smalln.cuh: contiguous runs, one scale decode per sub-block, one tile
+// pointer per item) in launch shape D (1×8, two blocks an SM: Q6_K_T's pre-v6 shape), B (2×4) and D with three blocks
+// an SM (see v6_launch), each at every width; every other type and width under 12..16: the shipped choice. The shipped
+// choice for Q6_K_T at n = 2..32 is v6 in the shape that measured fastest at that width (v6_shipped).
 constexpr int kSelPreV5 = 13, kSelV6D = 14, kSelV6B = 15, kSelV6D3 = 16;
 constexpr int kSelectMax = 16;
 
@@ -193,6 +194,12 @@ int v6_widths(int sel, const void* w, int64_t n_rows, int k, const float* x, int
 
 bool takes_v6(int sel, int n) { return sel >= kSelV6D && n >= 2 && n <= 32; }
 
+// The shipped Q6_K_T kernel at n = 2..32: v6 in the launch shape that measured fastest at that width (H200, library
+// e5c7f10, `test_qmm_smalln.py --bench-v6`, ffn_down 5120×17408, µs at n = 2 / 8 / 16 / 24 / 32 for 14, 15, 16:
+// 25.7 / 25.3 / 29.9 / 36.3 / 38.6, 25.0 / 25.4 / 27.9 / 32.1 / 42.1, 23.2 / 23.6 / 27.7 / 34.1 / 38.7; the pre-v6
+// kernel 29.3 / 30.4 / 35.9 / 41.2 / 45.7): three blocks of D up to 16 columns, B up to 24, D above.
+int v6_shipped(int n) { return n <= 16 ? kSelV6D3 : (n <= 24 ? kSelV6B : kSelV6D); }
+
 template <int QT>
 int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
                     cudaStream_t s) {
@@ -252,7 +259,7 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
     int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, y);
     if (st != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    // the tiled layouts take selects 13 (Q4_K_T: the pre-v5 kernel) and 14..16 (Q6_K_T: small-N v6) only
+    // the tiled layouts take selects 13 (the kernels shipped before session 9) and 14..16 (Q6_K_T: small-N v6) only
     const int sel = g_select.load(std::memory_order_relaxed);
     switch (qtype) {
         case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s);
@@ -263,6 +270,7 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K_T:
             if (takes_v6(sel, n)) return v6_widths(sel, w, n_rows, k, x, n, y, accumulate, s);
+            if (sel != kSelPreV5 && n >= 2 && n <= 32) return v6_widths(v6_shipped(n), w, n_rows, k, x, n, y, accumulate, s);
             return shipped_dispatch<Q6_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
         default: return smalln_dispatch<Q8_0>(w, n_rows, k, x, n, y, accumulate, s);
     }
