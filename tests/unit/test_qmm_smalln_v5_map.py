@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from smalln_stage_model import find_group
+from smalln_stage_model import stage as stage_x
 
 gguf = pytest.importorskip("gguf")
 
@@ -79,29 +81,11 @@ def frag(wq: int, s: int, scale: float, neg_min: float) -> tuple[tuple[float, fl
 
 
 def smalln_group(grp: int) -> tuple[int, int]:
-    found = [(c * 2 + s, tt) for tt in range(4) for c in range(2) for s in range(2) if klane(tt) + kstep(c, 0, s) == 16 * grp]
-    assert len(found) == 1, f"group {grp}: {found}"
-    return found[0]
+    return find_group(grp, klane, kstep)
 
 
-def stage(x: np.ndarray, kb: int, nt: int, w_warps: int) -> dict[int, tuple[tuple[float, float], tuple[float, float]]]:
-    """XStager::stage into one buffer: {uint2 index: ((x, z), (y, w))}; x is [k, 8·nt] (columns past n zero)."""
-    buf: dict = {}
-    for warp in range(w_warps):
-        for lane in range(32):
-            g, u = lane >> 2, lane & 3
-            for i in range(16 // w_warps):
-                grp = warp + w_warps * i
-                q4, t = smalln_group(grp)
-                d = ((4 * q4 + u) * nt) * 32 + ((4 * g + t) ^ u)
-                for ct in range(nt):
-                    k0 = kb * QK + 16 * grp + 4 * u
-                    v = x[k0: k0 + 4, 8 * ct + g]
-                    idx = d + 32 * ct
-                    assert idx not in buf, "a staging slot written twice"
-                    buf[idx] = ((v[0], v[2]), (v[1], v[3]))
-    assert sorted(buf) == list(range(16 * nt * 32)), "the staging fills the buffer exactly"
-    return buf
+def stage(x: np.ndarray, kb: int, nt: int, w_warps: int) -> dict:
+    return stage_x(x, kb, nt, w_warps, smalln_group)
 
 
 # ---- the model ----------------------------------------------------------------------------------
