@@ -288,6 +288,18 @@ int dn_chunked(const float* q, const float* k, const float* v, const float* g, c
     return dn::tc_run(head_major(q, k, v, g, beta, T, H), nullptr, state, true, out, scratch, T, H, s);
 }
 
+// The tensor-core path's output as the gated norm's split bf16 pair xb (dn::OUT_XB), z rows of stride ldz.
+static dn::Out gated_xb(uint16_t* xb, const float* z, int ldz, const float* norm, float eps) {
+    dn::Out out{};
+    out.mode = dn::OUT_XB;
+    out.xb = xb;
+    out.z = z;
+    out.ldz = ldz;
+    out.norm = norm;
+    out.eps = eps;
+    return out;
+}
+
 int dn_chunked_norm(const float* q, const float* k, const float* v, const float* g, const float* beta, float* state,
                     float* o, const float* z, int ldz, const float* norm, uint16_t* xb, void* scratch, int T, int H,
                     float eps, cudaStream_t s) {
@@ -298,14 +310,8 @@ int dn_chunked_norm(const float* q, const float* k, const float* v, const float*
         if ((e = chunked_old(q, k, v, g, beta, state, o, scratch, T, H, s)) != (int)cudaSuccess) return e;
         return dn_gated_norm(o, z, ldz, norm, xb, T, eps, s);
     }
-    dn::Out out{};
-    out.mode = dn::OUT_XB;
-    out.xb = xb;
-    out.z = z;
-    out.ldz = ldz;
-    out.norm = norm;
-    out.eps = eps;
-    return dn::tc_run(head_major(q, k, v, g, beta, T, H), nullptr, state, true, out, scratch, T, H, s);
+    return dn::tc_run(head_major(q, k, v, g, beta, T, H), nullptr, state, true, gated_xb(xb, z, ldz, norm, eps),
+                      scratch, T, H, s);
 }
 
 int dn_layer(const float* y, int ldy, float* ring, const float* conv_w, const float* ssm_a, const float* dt_bias,
@@ -337,15 +343,8 @@ int dn_layer(const float* y, int ldy, float* ring, const float* conv_w, const fl
     cv.dt_bias = dt_bias;
     cv.q = q;
     cv.v = v;
-    dn::Out out{};
-    out.mode = dn::OUT_XB;
-    out.xb = xb;
-    out.z = z;
-    out.ldz = ldy;
-    out.norm = norm;
-    out.eps = eps;
-    if ((e = dn::tc_run(head_major(q, k, v, g, beta, T, NH), &cv, state, true, out, scratch, T, NH, s)) !=
-        (int)cudaSuccess)
+    if ((e = dn::tc_run(head_major(q, k, v, g, beta, T, NH), &cv, state, true, gated_xb(xb, z, ldy, norm, eps), scratch,
+                        T, NH, s)) != (int)cudaSuccess)
         return e;
     // after the prep kernel has read the history
     return dn_ring_write(y, ldy, ring, T, pos0, s);
