@@ -89,42 +89,6 @@ def op_breakdown(lib, n: int, layers: int) -> None:
         print(f"  {name:18s} {ms * 1e3:9.1f} µs x {calls:2d} = {ms * calls:7.3f} ms ({100 * ms * calls / total:4.1f}%)  {extra}")
 
 
-def gemm_precision(n: int, layers: int) -> None:
-    """What the prefill's GEMM shapes cost through cuBLAS (torch) as today's split pair (bf16, M = 2n: hi and lo as
-    one operand) against one fp16 operand (M = n): the question is whether fp16 GEMM inputs would pay."""
-    import torch
-
-    def timed(fn, iters: int = 30) -> float:
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(iters):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
-    n_dn, n_at = layers - layers // 4, layers // 4
-    tot = {"bf16 split (M = 2n)": 0.0, "fp16 (M = n)": 0.0}
-    print(f"\ncuBLAS (torch) per GEMM shape, median of 30: split bf16 pair vs one fp16 operand, M = {n}")
-    for name, nn, k, calls in [("dn in-proj", 8224, 1024, n_dn), ("attn in-proj", 5120, 1024, n_at),
-                               ("out-proj", 1024, 2048, layers), ("gate/up", 7168, 1024, layers),
-                               ("down", 1024, 3584, layers)]:
-        row = []
-        for tag, m, dt in [("bf16 split (M = 2n)", 2 * n, torch.bfloat16), ("fp16 (M = n)", n, torch.float16)]:
-            x = torch.randn(m, k, device="cuda").to(dt)
-            w = torch.randn(nn, k, device="cuda").to(dt)
-            ms = timed(lambda: torch.matmul(x, w.t()))
-            tot[tag] += ms * calls
-            row.append(f"{tag} {ms * 1e3:7.1f} µs")
-        print(f"  {name:14s} {nn:5d}x{k:5d} x{calls:2d}: " + " | ".join(row))
-    print("  per forward: " + " | ".join(f"{k} {v:.3f} ms" for k, v in tot.items()))
-
-
 def profile_prefill(engine, pf, prompt) -> None:
     """Kernel families of one prefill (torch.profiler; scripts/profile_27b_step.py's summary)."""
     from profile_27b_step import _events, _summary
@@ -146,7 +110,6 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--no-ops", action="store_true")
     ap.add_argument("--profile", action="store_true", help="kernel families of one prefill (torch.profiler)")
-    ap.add_argument("--gemm-prec", action="store_true", help="cuBLAS: split bf16 pair vs fp16 GEMM inputs")
     args = ap.parse_args()
 
     from make_random_08b import config_08b, random_internal_weights
@@ -167,8 +130,6 @@ def main() -> None:
     print(f"pp{args.p} megakernel token-by-token prefill: {rate(args.p, [engine.last_kernel_ms()])}")
     if args.profile:
         profile_prefill(engine, pf, prompt)
-    if args.gemm_prec:
-        gemm_precision(args.p, args.layers)
     if not args.no_ops:
         op_breakdown(engine.lib, args.p, args.layers)
     pf.close()
