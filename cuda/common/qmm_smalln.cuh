@@ -326,31 +326,6 @@ struct Traits<Q6_K_T_V6> {
     }
 };
 
-// The four mma steps q = (c·kHiLo + st)·4 + u of one (chunk c, nibble step st) of an item: B from the staged buffer,
-// A from the rows' words and their decoded scales sc (smalln_item and smalln_item_v5 differ only in how often they
-// decode sc).
-template <int QT, int NT, int MT, int c, int st>
-__device__ __forceinline__ void smalln_steps(const typename Traits<QT>::Row (&rr)[MT][2],
-                                             const Scales (&sc)[MT][2], float (&acc)[MT][NT][4], const uint2* buf,
-                                             int lane, int t) {
-    using Tr = Traits<QT>;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const int q = (c * Tr::kHiLo + st) * 4 + u;
-        uint2 b[NT];
-#pragma unroll
-        for (int ct = 0; ct < NT; ++ct) b[ct] = buf[(q * NT + ct) * 32 + (lane ^ u)];
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            uint32_t a0, a1, a2, a3;
-            Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
-            Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
-#pragma unroll
-            for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct].x, b[ct].y);
-        }
-    }
-}
-
 // One item of one warp, qmm_item's arithmetic with B from the staged buffer.
 template <int QT, int NT, int MT>
 __device__ __forceinline__ void smalln_item(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
@@ -365,7 +340,21 @@ __device__ __forceinline__ void smalln_item(const typename Traits<QT>::Row (&rr)
                 sc[m][0] = Tr::template prep<c, st>(rr[m][0], t);
                 sc[m][1] = Tr::template prep<c, st>(rr[m][1], t);
             }
-            smalln_steps<QT, NT, MT, c, st>(rr, sc, acc, buf, lane, t);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int q = (c * Tr::kHiLo + st) * 4 + u;
+                uint2 b[NT];
+#pragma unroll
+                for (int ct = 0; ct < NT; ++ct) b[ct] = buf[(q * NT + ct) * 32 + (lane ^ u)];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    uint32_t a0, a1, a2, a3;
+                    Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
+                    Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
+#pragma unroll
+                    for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct].x, b[ct].y);
+                }
+            }
         });
     });
 }
@@ -386,7 +375,22 @@ __device__ __forceinline__ void smalln_item_v5(const typename Traits<QT>::Row (&
             sc[m][1] = Tr::template prep<0, st>(rr[m][1], t);
         }
         static_for<Tr::kChunks>([&](auto C) {
-            smalln_steps<QT, NT, MT, decltype(C)::value, st>(rr, sc, acc, buf, lane, t);
+            constexpr int c = decltype(C)::value;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int q = (c * Tr::kHiLo + st) * 4 + u;
+                uint2 b[NT];
+#pragma unroll
+                for (int ct = 0; ct < NT; ++ct) b[ct] = buf[(q * NT + ct) * 32 + (lane ^ u)];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    uint32_t a0, a1, a2, a3;
+                    Tr::template frag<c, st>(rr[m][0], sc[m][0], u, t, a0, a2);
+                    Tr::template frag<c, st>(rr[m][1], sc[m][1], u, t, a1, a3);
+#pragma unroll
+                    for (int ct = 0; ct < NT; ++ct) mma16816(acc[m][ct], a0, a1, a2, a3, b[ct].x, b[ct].y);
+                }
+            }
         });
     });
 }
