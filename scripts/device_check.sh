@@ -9,7 +9,7 @@
 # Results: $OUT/summary.txt (every headline line), $OUT/bench.md, and every log in $OUT/results.tgz (the device
 # tool returns at most 8 files).
 # Knobs: SKIP_TESTS=1 (benches only), TESTS="tests/gpu/x.py ..." (a subset), BENCHES="speed quant gdn 27b" (which
-# benches; "none" for tests only; "ring" adds the 0.8B weight-ring A/B, RINGS="auto,2x2048,..." its list),
+# benches; "none" for tests only; "ncu" adds scripts/ncu_kernels.sh's counters; "ring" adds the 0.8B weight-ring A/B, RINGS="auto,2x2048,..." its list),
 # LUCEBOX_BUILD_DIR=dir (use dir/$PROFILE/liblucebox.so, e.g. a carried .cache/<name>-build), AB_ENV="VAR=a VAR=b"
 # (the GEMV rows and the 27B bench again under each assignment of a runtime knob; AB_ENV_27B: another list
 # for the 27B bench alone; AB_ENV_SPEED: the 0.8B speed bench's pp row again under each), AB_PREFILL="own cublas" (the speed bench's pp row again under each
@@ -112,6 +112,11 @@ echo "== full random 27B (scripts/device_27b.sh)" | tee -a "$S"
 mkdir -p "$OUT/27b"
 AB_ENV="${AB_ENV_27B-${AB_ENV:-}}" OUT="$OUT/27b" SKIP_WHEELS=1 bash scripts/device_27b.sh > "$OUT/27b/stdout.txt" 2>&1
 grep -E "pp520|tg128|verify23|rc=|^== |^   |PDL" "$OUT/27b/summary.txt" | tee -a "$S"
+fi
+
+if [[ " $BENCHES " == *" ncu "* ]]; then  # hardware counters of the next levers' kernels (scripts/ncu_kernels.sh; NCU_CASES)
+echo "== ncu (scripts/ncu_kernels.sh)" | tee -a "$S"
+OUT="$OUT" bash scripts/ncu_kernels.sh 2>&1 | tee -a "$S"
 fi
 
 # at most 8 files come back: everything but the summary and the table goes into one archive
