@@ -111,18 +111,32 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
         __syncthreads();
         // L2 norms of the q and k rows (q also / sqrt(dk)); the first value head of each key head writes q out for
         // the output kernel
-#pragma unroll 4
-        for (int rr = warp; rr < 2 * CH; rr += NT / 32) {
-            const bool isq = rr < CH;
-            const int i = rr & (CH - 1);
-            float* row = (isq ? Qs : Ks) + i * LDF + 4 * lane;
-            float4 a = *reinterpret_cast<const float4*>(row);
-            const float ss = lb::warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
-            const float r = isq ? rsqrtf(ss + 1e-6f) * rsqrtf((float)D) : rsqrtf(ss + 1e-6f);
-            a = make_float4(a.x * r, a.y * r, a.z * r, a.w * r);
-            *reinterpret_cast<float4*>(row) = a;
-            if (isq && h < in.hk && i < L)
-                *reinterpret_cast<float4*>(cv.q + qk0 + (long long)i * in.qk_t + 4 * lane) = a;
+        // Four rows a warp at a time (their loads first, the four shuffle chains interleaved): row m of a warp is
+        // warp + 8m, q for m < 8, k after.
+        constexpr int NR = 4;
+#pragma unroll 1
+        for (int m0 = 0; m0 < 2 * CH / (NT / 32); m0 += NR) {
+            const bool isq = m0 < CH / (NT / 32);
+            float* base = (isq ? Qs : Ks) + 4 * lane;
+            float4 a[NR];
+            float ss[NR];
+#pragma unroll
+            for (int u = 0; u < NR; ++u) {
+                const int i = (warp + (NT / 32) * (m0 + u)) & (CH - 1);
+                a[u] = *reinterpret_cast<const float4*>(base + i * LDF);
+                ss[u] = a[u].x * a[u].x + a[u].y * a[u].y + a[u].z * a[u].z + a[u].w * a[u].w;
+            }
+#pragma unroll
+            for (int u = 0; u < NR; ++u) ss[u] = lb::warp_sum(ss[u]);
+#pragma unroll
+            for (int u = 0; u < NR; ++u) {
+                const int i = (warp + (NT / 32) * (m0 + u)) & (CH - 1);
+                const float r = isq ? rsqrtf(ss[u] + 1e-6f) * rsqrtf((float)D) : rsqrtf(ss[u] + 1e-6f);
+                const float4 y = make_float4(a[u].x * r, a[u].y * r, a[u].z * r, a[u].w * r);
+                *reinterpret_cast<float4*>(base + i * LDF) = y;
+                if (isq && h < in.hk && i < L)
+                    *reinterpret_cast<float4*>(cv.q + qk0 + (long long)i * in.qk_t + 4 * lane) = y;
+            }
         }
     } else {
         for (int idx = tid; idx < CH * (D / 4); idx += NT) {
