@@ -103,8 +103,13 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
             }
 #pragma unroll
             for (int j = 0; j < CR; ++j) {
-                // computed for every row, zero selected past the prompt
-                const float s = j < Lr ? x[j] / den[j] : 0.0f;
+                // computed for every row (the empty asm keeps the division out of a `j < Lr` branch region), zero
+                // selected past the prompt
+                float qv = x[j] / den[j];
+#ifdef __CUDA_ARCH__
+                asm volatile("" : "+f"(qv));
+#endif
+                const float s = j < Lr ? qv : 0.0f;
                 if (j < nst) dst[j * dstride] = s;
             }
         }
