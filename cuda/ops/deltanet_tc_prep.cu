@@ -62,35 +62,45 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
             const int ch = (grp == 0 ? kh : (grp == 1 ? in.hk + kh : 2 * in.hk + h)) * D + d;
             const float4 w = *reinterpret_cast<const float4*>(cv.conv_w + (size_t)ch * 4);
             float x[CR + 3];
-            // the 3 rows before r0: earlier rows of the prompt or the history
-#pragma unroll
-            for (int j = 0; j < 3; ++j) {
-                const int r = r0 - 3 + j, t = t0 + r;
-                float val = 0.0f;
-                if (r < L) {
-                    if (t >= 0) {
-                        val = cv.pre[(long long)t * cv.ld + ch];
-                    } else {
-                        // (selects, not cv.hist[3 + t]: a dynamic index would copy the parameters to local memory)
-                        const float* hp = t == -3 ? cv.hist[0] : (t == -2 ? cv.hist[1] : cv.hist[2]);
-                        val = hp ? hp[ch] : 0.0f;
-                    }
-                }
-                x[j] = val;
-            }
-            // rows r0.. (t >= 0). The strides and the row count are made opaque each round: else the compiler
-            // hoists the 32 row offsets and predicates out of the loop (live across it: a stack frame).
-            long long ld = cv.ld, vt = in.v_t;
-            int Lr = L - r0;
-            asm volatile("" : "+l"(ld), "+l"(vt), "+r"(Lr));
+            // Row r0 of the channel and the rows around it by 32-bit offsets (|j · ld| < 2^31 for any real width).
+            // The strides and the row count are made opaque each round: else the compiler hoists the 35 row
+            // offsets and predicates out of the loop (live across it: a stack frame).
+            int ld = (int)cv.ld, vt = (int)in.v_t, Lr = L - r0;
+            asm volatile("" : "+r"(ld), "+r"(vt), "+r"(Lr));
             const float* src = cv.pre + (long long)(t0 + r0) * cv.ld + ch;
+#ifdef __CUDA_ARCH__
+            asm volatile("" : "+l"(src));  // (one base register, not the parameter's reloaded for every row)
+#endif
+            if (t0 + r0 >= 3) {
+                // the 3 rows before r0 are rows of the prompt
+#pragma unroll
+                for (int j = 0; j < 3; ++j) x[j] = j - 3 < Lr ? src[(j - 3) * ld] : 0.0f;
+            } else {
+                // the first rows of the prompt: the 3 before are the history's
+#pragma unroll
+                for (int j = 0; j < 3; ++j) {
+                    const int r = r0 - 3 + j, t = t0 + r;
+                    float val = 0.0f;
+                    if (r < L) {
+                        if (t >= 0) {
+                            val = cv.pre[(long long)t * cv.ld + ch];
+                        } else {
+                            // (selects, not cv.hist[3 + t]: a dynamic index would copy the parameters to local
+                            // memory)
+                            const float* hp = t == -3 ? cv.hist[0] : (t == -2 ? cv.hist[1] : cv.hist[2]);
+                            val = hp ? hp[ch] : 0.0f;
+                        }
+                    }
+                    x[j] = val;
+                }
+            }
 #pragma unroll
             for (int j = 0; j < CR; ++j) x[j + 3] = j < Lr ? src[j * ld] : 0.0f;
             // q and k to their tiles (every row), v out (the prompt's rows): one generic store path, not two
             // copies of the loop below
             float* const dst = grp < 2 ? (grp == 0 ? Qs : Ks) + r0 * LDF + d
                                        : cv.v + (long long)(t0 + r0) * in.v_t + (long long)h * in.v_h + d;
-            const long long dstride = grp < 2 ? (long long)LDF : vt;
+            const int dstride = grp < 2 ? LDF : vt;
             const int nst = grp < 2 ? CR : Lr;
             // SiLU u / (1 + e^−u) (siluf_'s arithmetic) in two passes: the 32 conv sums (the decode kernel's
             // association, dn_conv) and denominators straight-line, then the divisions, each its own branch region
