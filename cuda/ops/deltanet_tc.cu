@@ -57,16 +57,21 @@ __global__ void __launch_bounds__(NT, 1) tc_state(const TcScratch sc, float* __r
     auto load_w = [&](int st, int cc) {
         const uint16_t* src = sc.wt + ((size_t)h * nch + cc) * WT_N;
         uint16_t* dst = Wt + st * WT_TILE;
-        for (int idx = tid; idx < 2 * D * (CH / 8); idx += NT) {
-            const int row = idx >> 3, c8 = (idx & 7) * 8;
+        // a fixed count a thread (the row advances by NT / 8 each step: immediate offsets, one basic block)
+        static_assert(2 * D * (CH / 8) % NT == 0, "whole rounds");
+#pragma unroll
+        for (int i = 0; i < 2 * D * (CH / 8) / NT; ++i) {
+            const int idx = tid + i * NT, row = idx >> 3, c8 = (idx & 7) * 8;
             cp_async16_zfill(dst + row * LB64 + c8, src + row * CH + c8, true);
         }
     };
     auto load_k = [&](int st, int cc) {
         const uint16_t* src = sc.kt + ((size_t)h * nch + cc) * KT_N;
         uint16_t* dst = Kt + st * KT_TILE;
-        for (int idx = tid; idx < 2 * CH * (D / 8); idx += NT) {
-            const int row = idx >> 4, c8 = (idx & 15) * 8;
+        static_assert(2 * CH * (D / 8) % NT == 0, "whole rounds");
+#pragma unroll
+        for (int i = 0; i < 2 * CH * (D / 8) / NT; ++i) {
+            const int idx = tid + i * NT, row = idx >> 4, c8 = (idx & 15) * 8;
             cp_async16_zfill(dst + row * LB128 + c8, src + row * D + c8, true);
         }
     };
@@ -250,8 +255,10 @@ __global__ void __launch_bounds__(NT, 2) tc_output(const In in, const TcScratch 
 
     {
         const uint16_t* src = sc.aqk + unit * AQ_N;
-        for (int idx = tid; idx < 2 * CH * (CH / 8); idx += NT) {
-            const int row = idx >> 3, c8 = (idx & 7) * 8;
+        static_assert(2 * CH * (CH / 8) % NT == 0, "whole rounds");
+#pragma unroll
+        for (int u = 0; u < 2 * CH * (CH / 8) / NT; ++u) {
+            const int idx = tid + u * NT, row = idx >> 3, c8 = (idx & 7) * 8;
             cp_async16_zfill(Aq + row * LB64 + c8, src + row * CH + c8, true);
         }
         cp_async_commit();
