@@ -258,8 +258,11 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
     __syncthreads();  // q read by every warp, −L written: v may land over q
     {
         const long long v0 = (long long)t0 * in.v_t + (long long)h * in.v_h;
-        for (int idx = tid; idx < CH * (D / 4); idx += NT) {
-            const int i = idx >> 5, d = (idx & 31) * 4;
+        // a fixed count a thread (no remainder code; one basic block)
+        static_assert(CH * (D / 4) % NT == 0, "whole rounds");
+#pragma unroll
+        for (int u = 0; u < CH * (D / 4) / NT; ++u) {
+            const int idx = tid + u * NT, i = idx >> 5, d = (idx & 31) * 4;
             const bool ok = i < L;
             cp_async16_zfill(Vs + i * LDV + d, in.v + v0 + (long long)(ok ? i : 0) * in.v_t + d, ok);
         }
