@@ -266,11 +266,24 @@ __global__ void __launch_bounds__(NT, 2) tc_output(const In in, const TcScratch 
     {
         const long long q0 = (long long)t0 * in.qk_t + (long long)(h % in.hk) * in.qk_h;
         const float* cg = sc.cum + unit * CH;
-        for (int idx = tid; idx < CH * (D / 4); idx += NT) {
-            const int i = idx >> 5, d = (idx & 31) * 4;
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (i < L) x = *reinterpret_cast<const float4*>(in.q + q0 + (long long)i * in.qk_t + d);
-            const float e = expf(cg[i]);
+        // a fixed count a thread, every load issued before the first use (one round of L2 latency, not one per
+        // unrolled pair of items)
+        constexpr int NU = CH * (D / 4) / NT;
+        static_assert(CH * (D / 4) % NT == 0, "whole rounds");
+        float4 xq[NU];
+        float cq[NU];
+#pragma unroll
+        for (int u = 0; u < NU; ++u) {
+            const int idx = tid + u * NT, i = idx >> 5, d = (idx & 31) * 4;
+            xq[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < L) xq[u] = *reinterpret_cast<const float4*>(in.q + q0 + (long long)i * in.qk_t + d);
+            cq[u] = cg[i];
+        }
+#pragma unroll
+        for (int u = 0; u < NU; ++u) {
+            const int idx = tid + u * NT, i = idx >> 5, d = (idx & 31) * 4;
+            const float4 x = xq[u];
+            const float e = expf(cq[u]);
             uint2 hi, lo;
             split_bf2(x.x * e, x.y * e, hi.x, lo.x);
             split_bf2(x.z * e, x.w * e, hi.y, lo.y);
