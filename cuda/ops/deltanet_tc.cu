@@ -57,16 +57,21 @@ __global__ void __launch_bounds__(NT, 1) tc_state(const TcScratch sc, float* __r
     auto load_w = [&](int st, int cc) {
         const uint16_t* src = sc.wt + ((size_t)h * nch + cc) * WT_N;
         uint16_t* dst = Wt + st * WT_TILE;
-        for (int idx = tid; idx < 2 * D * (CH / 8); idx += NT) {
-            const int row = idx >> 3, c8 = (idx & 7) * 8;
+        // a fixed count a thread (the row advances by NT / 8 each step: immediate offsets, one basic block)
+        static_assert(2 * D * (CH / 8) % NT == 0, "whole rounds");
+#pragma unroll
+        for (int i = 0; i < 2 * D * (CH / 8) / NT; ++i) {
+            const int idx = tid + i * NT, row = idx >> 3, c8 = (idx & 7) * 8;
             cp_async16_zfill(dst + row * LB64 + c8, src + row * CH + c8, true);
         }
     };
     auto load_k = [&](int st, int cc) {
         const uint16_t* src = sc.kt + ((size_t)h * nch + cc) * KT_N;
         uint16_t* dst = Kt + st * KT_TILE;
-        for (int idx = tid; idx < 2 * CH * (D / 8); idx += NT) {
-            const int row = idx >> 4, c8 = (idx & 15) * 8;
+        static_assert(2 * CH * (D / 8) % NT == 0, "whole rounds");
+#pragma unroll
+        for (int i = 0; i < 2 * CH * (D / 8) / NT; ++i) {
+            const int idx = tid + i * NT, row = idx >> 4, c8 = (idx & 15) * 8;
             cp_async16_zfill(dst + row * LB128 + c8, src + row * D + c8, true);
         }
     };
@@ -250,8 +255,10 @@ __global__ void __launch_bounds__(NT, 2) tc_output(const In in, const TcScratch 
 
     {
         const uint16_t* src = sc.aqk + unit * AQ_N;
-        for (int idx = tid; idx < 2 * CH * (CH / 8); idx += NT) {
-            const int row = idx >> 3, c8 = (idx & 7) * 8;
+        static_assert(2 * CH * (CH / 8) % NT == 0, "whole rounds");
+#pragma unroll
+        for (int u = 0; u < 2 * CH * (CH / 8) / NT; ++u) {
+            const int idx = tid + u * NT, row = idx >> 3, c8 = (idx & 7) * 8;
             cp_async16_zfill(Aq + row * LB64 + c8, src + row * CH + c8, true);
         }
         cp_async_commit();
@@ -259,11 +266,24 @@ __global__ void __launch_bounds__(NT, 2) tc_output(const In in, const TcScratch 
     {
         const long long q0 = (long long)t0 * in.qk_t + (long long)(h % in.hk) * in.qk_h;
         const float* cg = sc.cum + unit * CH;
-        for (int idx = tid; idx < CH * (D / 4); idx += NT) {
-            const int i = idx >> 5, d = (idx & 31) * 4;
-            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (i < L) x = *reinterpret_cast<const float4*>(in.q + q0 + (long long)i * in.qk_t + d);
-            const float e = expf(cg[i]);
+        // a fixed count a thread, every load issued before the first use (one round of L2 latency, not one per
+        // unrolled pair of items)
+        constexpr int NU = CH * (D / 4) / NT;
+        static_assert(CH * (D / 4) % NT == 0, "whole rounds");
+        float4 xq[NU];
+        float cq[NU];
+#pragma unroll
+        for (int u = 0; u < NU; ++u) {
+            const int idx = tid + u * NT, i = idx >> 5, d = (idx & 31) * 4;
+            xq[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < L) xq[u] = *reinterpret_cast<const float4*>(in.q + q0 + (long long)i * in.qk_t + d);
+            cq[u] = cg[i];
+        }
+#pragma unroll
+        for (int u = 0; u < NU; ++u) {
+            const int idx = tid + u * NT, i = idx >> 5, d = (idx & 31) * 4;
+            const float4 x = xq[u];
+            const float e = expf(cq[u]);
             uint2 hi, lo;
             split_bf2(x.x * e, x.y * e, hi.x, lo.x);
             split_bf2(x.z * e, x.w * e, hi.y, lo.y);

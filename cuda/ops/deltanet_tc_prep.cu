@@ -34,22 +34,18 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
 
     // Rows past the prompt are zero (and get beta = 0, g = 0: they solve to zero and leave cum flat).
     if (CONV) {
-        if (warp == 0) {
-            // g = ssm_a softplus(alpha + dt_bias), beta = sigmoid(b) (dn_conv_prep_kernel's arithmetic)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int i = 2 * lane + e;
+        if (tid < 2 * CH) {
+            // g = ssm_a softplus(alpha + dt_bias) (warps 0-1), beta = sigmoid(b) (warps 2-3), a row a thread
+            // (dn_conv_prep_kernel's arithmetic)
+            const int i = tid & (CH - 1);
+            if (tid < CH) {
                 float gv = 0.0f;
                 if (i < L) {
                     const float a = cv.a[(long long)(t0 + i) * cv.ab_t + h] + cv.dt_bias[h];
                     gv = cv.ssm_a[h] * (a > 20.0f ? a : log1pf(expf(a)));
                 }
                 gs[i] = gv;
-            }
-        } else if (warp == 1) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int i = 2 * lane + e;
+            } else {
                 bet[i] = i < L ? sigmoidf_(cv.b[(long long)(t0 + i) * cv.ab_t + h]) : 0.0f;
             }
         }
@@ -58,54 +54,104 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
         // together (3 rounds of L2 latency a thread); a warp takes 32 consecutive channels. q and k go to their tiles
         // (normed below), v out to global memory, read back after the Gram like post-conv inputs.
         constexpr int CR = 32;
-        for (int it = tid; it < 3 * (CH / CR) * D; it += NT) {
-            const int grp = it / ((CH / CR) * D), r0 = CR * ((it / D) % (CH / CR)), d = it & (D - 1);
+        static_assert((CH / CR) * D == NT, "a thread's items: its channel d and rows r0.. of q, k and v");
+        const int r0 = CR * (tid / D), d = tid & (D - 1);
+        // grp 0 q, 1 k, 2 v: one body run three times (not unrolled: the body is the kernel's largest code)
+#pragma unroll 1
+        for (int grp = 0; grp < 3; ++grp) {
             const int ch = (grp == 0 ? kh : (grp == 1 ? in.hk + kh : 2 * in.hk + h)) * D + d;
             const float4 w = *reinterpret_cast<const float4*>(cv.conv_w + (size_t)ch * 4);
             float x[CR + 3];
+            // Row r0 of the channel and the rows around it by 32-bit offsets (|j · ld| < 2^31 for any real width).
+            // The strides and the row count are made opaque each round: else the compiler hoists the 35 row
+            // offsets and predicates out of the loop (live across it: a stack frame).
+            int ld = (int)cv.ld, vt = (int)in.v_t, Lr = L - r0;
+            asm volatile("" : "+r"(ld), "+r"(vt), "+r"(Lr));
+            const float* src = cv.pre + (long long)(t0 + r0) * cv.ld + ch;
+#ifdef __CUDA_ARCH__
+            asm volatile("" : "+l"(src));  // (one base register, not the parameter's reloaded for every row)
+#endif
+            if (t0 + r0 >= 3) {
+                // the 3 rows before r0 are rows of the prompt
 #pragma unroll
-            for (int j = 0; j < CR + 3; ++j) {
-                const int r = r0 - 3 + j, t = t0 + r;
-                float val = 0.0f;
-                if (r < L) {
-                    if (t >= 0) {
-                        val = cv.pre[(long long)t * cv.ld + ch];
-                    } else {
-                        // (selects, not cv.hist[3 + t]: a dynamic index would copy the parameters to local memory)
-                        const float* hp = t == -3 ? cv.hist[0] : (t == -2 ? cv.hist[1] : cv.hist[2]);
-                        val = hp ? hp[ch] : 0.0f;
+                for (int j = 0; j < 3; ++j) x[j] = j - 3 < Lr ? src[(j - 3) * ld] : 0.0f;
+            } else {
+                // the first rows of the prompt: the 3 before are the history's
+#pragma unroll
+                for (int j = 0; j < 3; ++j) {
+                    const int r = r0 - 3 + j, t = t0 + r;
+                    float val = 0.0f;
+                    if (r < L) {
+                        if (t >= 0) {
+                            val = cv.pre[(long long)t * cv.ld + ch];
+                        } else {
+                            // (selects, not cv.hist[3 + t]: a dynamic index would copy the parameters to local
+                            // memory)
+                            const float* hp = t == -3 ? cv.hist[0] : (t == -2 ? cv.hist[1] : cv.hist[2]);
+                            val = hp ? hp[ch] : 0.0f;
+                        }
                     }
+                    x[j] = val;
                 }
-                x[j] = val;
+            }
+#pragma unroll
+            for (int j = 0; j < CR; ++j) x[j + 3] = j < Lr ? src[j * ld] : 0.0f;
+            // q and k to their tiles (every row), v out (the prompt's rows): one generic store path, not two
+            // copies of the loop below
+            float* const dst = grp < 2 ? (grp == 0 ? Qs : Ks) + r0 * LDF + d
+                                       : cv.v + (long long)(t0 + r0) * in.v_t + (long long)h * in.v_h + d;
+            const int dstride = grp < 2 ? LDF : vt;
+            const int nst = grp < 2 ? CR : Lr;
+            // SiLU u / (1 + e^−u) (siluf_'s arithmetic) in two passes: the 32 conv sums (the decode kernel's
+            // association, dn_conv) and denominators straight-line, then the divisions, each its own branch region
+            // (div.rn's FCHK slow path): else every row's whole chain sits in its own region and runs alone.
+            float den[CR];
+#pragma unroll
+            for (int j = 0; j < CR; ++j) {
+                x[j] = fmaf(w.x, x[j], fmaf(w.y, x[j + 1], fmaf(w.z, x[j + 2], w.w * x[j + 3])));
+                den[j] = 1.0f + expf(-x[j]);
             }
 #pragma unroll
             for (int j = 0; j < CR; ++j) {
-                const int r = r0 + j;
-                // the decode kernel's association (dn_conv)
-                const float s = r < L ? siluf_(fmaf(w.x, x[j], fmaf(w.y, x[j + 1], fmaf(w.z, x[j + 2], w.w * x[j + 3]))))
-                                      : 0.0f;
-                if (grp == 0)
-                    Qs[r * LDF + d] = s;
-                else if (grp == 1)
-                    Ks[r * LDF + d] = s;
-                else if (r < L)
-                    cv.v[(long long)(t0 + r) * in.v_t + (long long)h * in.v_h + d] = s;
+                // computed for every row (the empty asm keeps the division out of a `j < Lr` branch region), zero
+                // selected past the prompt
+                float qv = x[j] / den[j];
+#ifdef __CUDA_ARCH__
+                asm volatile("" : "+f"(qv));
+#endif
+                const float s = j < Lr ? qv : 0.0f;
+                if (j < nst) dst[j * dstride] = s;
             }
         }
         __syncthreads();
         // L2 norms of the q and k rows (q also / sqrt(dk)); the first value head of each key head writes q out for
         // the output kernel
-        for (int rr = warp; rr < 2 * CH; rr += NT / 32) {
-            const bool isq = rr < CH;
-            const int i = rr & (CH - 1);
-            float* row = (isq ? Qs : Ks) + i * LDF + 4 * lane;
-            float4 a = *reinterpret_cast<const float4*>(row);
-            const float ss = lb::warp_sum(a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w);
-            const float r = isq ? rsqrtf(ss + 1e-6f) * rsqrtf((float)D) : rsqrtf(ss + 1e-6f);
-            a = make_float4(a.x * r, a.y * r, a.z * r, a.w * r);
-            *reinterpret_cast<float4*>(row) = a;
-            if (isq && h < in.hk && i < L)
-                *reinterpret_cast<float4*>(cv.q + qk0 + (long long)i * in.qk_t + 4 * lane) = a;
+        // Four rows a warp at a time (their loads first, the four shuffle chains interleaved): row m of a warp is
+        // warp + 8m, q for m < 8, k after.
+        constexpr int NR = 4;
+#pragma unroll 1
+        for (int m0 = 0; m0 < 2 * CH / (NT / 32); m0 += NR) {
+            const bool isq = m0 < CH / (NT / 32);
+            float* base = (isq ? Qs : Ks) + 4 * lane;
+            float4 a[NR];
+            float ss[NR];
+#pragma unroll
+            for (int u = 0; u < NR; ++u) {
+                const int i = (warp + (NT / 32) * (m0 + u)) & (CH - 1);
+                a[u] = *reinterpret_cast<const float4*>(base + i * LDF);
+                ss[u] = a[u].x * a[u].x + a[u].y * a[u].y + a[u].z * a[u].z + a[u].w * a[u].w;
+            }
+#pragma unroll
+            for (int u = 0; u < NR; ++u) ss[u] = lb::warp_sum(ss[u]);
+#pragma unroll
+            for (int u = 0; u < NR; ++u) {
+                const int i = (warp + (NT / 32) * (m0 + u)) & (CH - 1);
+                const float r = isq ? rsqrtf(ss[u] + 1e-6f) * rsqrtf((float)D) : rsqrtf(ss[u] + 1e-6f);
+                const float4 y = make_float4(a[u].x * r, a[u].y * r, a[u].z * r, a[u].w * r);
+                *reinterpret_cast<float4*>(base + i * LDF) = y;
+                if (isq && h < in.hk && i < L)
+                    *reinterpret_cast<float4*>(cv.q + qk0 + (long long)i * in.qk_t + 4 * lane) = y;
+            }
         }
     } else {
         for (int idx = tid; idx < CH * (D / 4); idx += NT) {
@@ -151,21 +197,6 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
     }
     cp_async_wait<0>();
     __syncthreads();
-
-    // K̃ = k e^(last − cum) as a pair, for the state pass's S update
-    {
-        uint16_t* kh = sc.kt + unit * KT_N;
-        for (int idx = tid; idx < CH * (D / 4); idx += NT) {
-            const int i = idx >> 5, d = (idx & 31) * 4;
-            const float4 x = *reinterpret_cast<const float4*>(Ks + i * LDF + d);
-            const float e = etail[i];
-            uint2 hi, lo;
-            split_bf2(x.x * e, x.y * e, hi.x, lo.x);
-            split_bf2(x.z * e, x.w * e, hi.y, lo.y);
-            *reinterpret_cast<uint2*>(kh + i * D + d) = hi;
-            *reinterpret_cast<uint2*>(kh + CH * D + i * D + d) = lo;
-        }
-    }
 
     // Gram: warps 0-3 k·kᵀ (strictly lower: L), warps 4-7 q·kᵀ (lower: Aqk). The 20 lower 16 x 8 tiles of each
     // are 5 per warp: `mA` from n-tile `njA` for e0 tiles, then m-tile mB from n-tile 0.
@@ -227,8 +258,11 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
     __syncthreads();  // q read by every warp, −L written: v may land over q
     {
         const long long v0 = (long long)t0 * in.v_t + (long long)h * in.v_h;
-        for (int idx = tid; idx < CH * (D / 4); idx += NT) {
-            const int i = idx >> 5, d = (idx & 31) * 4;
+        // a fixed count a thread (no remainder code; one basic block)
+        static_assert(CH * (D / 4) % NT == 0, "whole rounds");
+#pragma unroll
+        for (int u = 0; u < CH * (D / 4) / NT; ++u) {
+            const int idx = tid + u * NT, i = idx >> 5, d = (idx & 31) * 4;
             const bool ok = i < L;
             cp_async16_zfill(Vs + i * LDV + d, in.v + v0 + (long long)(ok ? i : 0) * in.v_t + d, ok);
         }
@@ -249,6 +283,19 @@ __global__ void __launch_bounds__(NT, 2) prep_kernel(const In in, const ConvIn c
         float* Ib = Iv + b * 16 * LDI;
 #pragma unroll
         for (int i = 0; i < 16; ++i) Ib[i * LDI + j] = x[i];
+    } else {
+        // meanwhile, warps 2-7: K̃ = k e^(last − cum) as a pair, for the state pass's S update
+        uint16_t* kh = sc.kt + unit * KT_N;
+        for (int idx = tid - 64; idx < CH * (D / 4); idx += NT - 64) {
+            const int i = idx >> 5, d = (idx & 31) * 4;
+            const float4 x = *reinterpret_cast<const float4*>(Ks + i * LDF + d);
+            const float e = etail[i];
+            uint2 hi, lo;
+            split_bf2(x.x * e, x.y * e, hi.x, lo.x);
+            split_bf2(x.z * e, x.w * e, hi.y, lo.y);
+            *reinterpret_cast<uint2*>(kh + i * D + d) = hi;
+            *reinterpret_cast<uint2*>(kh + CH * D + i * D + d) = lo;
+        }
     }
     cp_async_wait<0>();
     __syncthreads();
