@@ -247,12 +247,8 @@ __device__ __forceinline__ void q6_item_xs(const Traits<Q6_K>::Row (&r)[2], floa
             const Scales sc1 = Tr::template prep<c, st>(r[1], t);
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
-#if LB_Q6XS_LDS128
-                const uint4 bx = *reinterpret_cast<const uint4*>(xs_t + Q6Xs::off(16 * (2 * c + st) + (u & 2)));
-                const uint2 b = (u & 1) ? make_uint2(bx.z, bx.w) : make_uint2(bx.x, bx.y);
-#else
+                // (ptxas merges steps u, u + 1 into one LDS.128: 8 per item)
                 const uint2 b = *reinterpret_cast<const uint2*>(xs_t + Q6Xs::off(16 * (2 * c + st) + u));
-#endif
                 uint32_t a0, a1, a2, a3;
                 Tr::template frag<c, st>(r[0], sc0, u, t, a0, a2);
                 Tr::template frag<c, st>(r[1], sc1, u, t, a1, a3);
