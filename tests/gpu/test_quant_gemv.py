@@ -368,13 +368,14 @@ def test_q6_gemv_old_env_same(tmp_path):
     import os
     import subprocess
 
+    if os.environ.get("LUCEBOX_Q6_GEMV") == "old":
+        pytest.skip("LUCEBOX_Q6_GEMV=old is set here: this process would run the old kernel too")
     dump = tmp_path / "q6_old.npz"
     env = dict(os.environ, LUCEBOX_Q6_GEMV="old")
     r = subprocess.run([sys.executable, __file__, "--dump-q6-gemv", str(dump)], env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     old = dict(np.load(dump))
-    assert os.environ.get("LUCEBOX_Q6_GEMV") != "old", "the parent must run the default kernel"
     new = q6_gemv_outputs()
     for rows, k in Q6_XS_SHAPES:
         key = f"{rows}x{k}"
