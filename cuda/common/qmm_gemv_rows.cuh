@@ -200,7 +200,7 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_kernel(QmmArgs a) {
 // same for every g (n = 1). That float4 is float4 i = 4t + 16q + u of the item. The buffer holds each (q, u, t)'s
 // (b0, b1) at byte 128q + 64(u >> 1) + 16t + 8(u & 1): lane t's two consecutive steps u, u + 1 (u even) are one
 // LDS.128 at 16t + a compile-time offset, the four t of one read 64 contiguous bytes (broadcast over g, one
-// wavefront). Lane L converts float4 L and 32 + L (two coalesced LDG.128 per lane) and stores each (b0, b1) with one
+// wavefront). Lane L converts float4 L and 32 + L (its own two cp.async copies) and stores each (b0, b1) with one
 // STS.64: float4 i = L is (t, u, q) = ((L >> 2) & 3, L & 3, L >> 4), i = 32 + L the same at q + 2, i.e. 256 bytes
 // on; each half-warp's stores cover 128 contiguous bytes (conflict-free). (tests/unit/test_q6_xs_map.py models it.)
 struct Q6Xs {
@@ -274,9 +274,10 @@ __device__ __forceinline__ void q6_item_xs(const Traits<Q6_K>::Row (&r)[2], floa
 // kXs (session 10, the default; LUCEBOX_Q6_GEMV=old keeps kXs = false): x staged per warp. qmm_item loads the
 // item's x itself, 16 LDG.128 per lane (mostly L2 hits), each just before its mma, so their latency sits inside
 // the item (ncu, H200: ~30% of the stall samples on the F2FP that convert them). Here the next item's 256 x go
-// out with the next item's weights at the end of an item (2 coalesced LDG.128 per lane), are converted to the
-// same fp16 pairs at the start of the item (q6_xs_store) into a 512-byte per-warp buffer, and the 16 mmas read
-// them back with 8 LDS.128 (q6_item_xs): same fp16 B values, same mma order, same flush as kXs = false.
+// out with the next item's weights at the end of an item (2 coalesced 16-byte cp.async per lane, into a per-warp
+// fp32 buffer), are converted to the same fp16 pairs at the start of the item (q6_xs_store) into a 512-byte
+// per-warp buffer, and the 16 mmas read them back with 8 LDS.128 (q6_item_xs): same fp16 B values, same mma order,
+// same flush as kXs = false. ptxas: sm_90 80 registers, no spills, 6 KB of shared memory; sm_86 79 registers.
 template <int kBlocks, bool kXs = false>
 __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
     using Row = Traits<Q6_K>::Row;
