@@ -32,6 +32,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <type_traits>
 #include <utility>
@@ -738,7 +739,8 @@ int qmm_config(QmmConfig& out) {
 // Blocks per SM of the n = 1 sub-block-column kernel (kRows: its row-coalesced form; Q4_K_T: its tiled form,
 // gemv_k45_tile_kernel), worked out once per
 // process and device.
-template <int QT, bool kRows, int kTileBlocks = 0>
+// (kQ6Xs: Q6_K_T's gemv_q6_tile_kernel<kTileBlocks, true>, x staged per warp.)
+template <int QT, bool kRows, int kTileBlocks = 0, bool kQ6Xs = false>
 int gemv_cols_config(QmmConfig& out) {
     static std::mutex mu;
     static QmmConfig cache[kMaxDevices];
@@ -751,8 +753,8 @@ int gemv_cols_config(QmmConfig& out) {
         int by_regs = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
         if constexpr (QT == Q6_K_T)
-            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_q6_tile_kernel<kTileBlocks>,
-                                                                      kThreads, 0));
+            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &by_regs, gemv_q6_tile_kernel<kTileBlocks, kQ6Xs>, kThreads, 0));
         else if constexpr (is_tiled(QT))
             LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_tile_kernel<QT, kTileBlocks>,
                                                                       kThreads, 0));
@@ -827,12 +829,15 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
         if (n == 1) {
             if (a.items >= INT32_MAX / kWarps)
                 return set_error(LB_ERR_INVALID_ARG, "lb_gemv_q: %lld items", (long long)a.items);
-            // six blocks per SM on sm_90 (80 registers; at seven ptxas spills 40 bytes; qmm_kernel<Q6_K> has 96: five)
-            const int st = gemv_cols_config<QT, true, 6>(c);
+            // six blocks per SM on sm_90 (80 registers; at seven ptxas spills 40 bytes; qmm_kernel<Q6_K> has 96: five);
+            // x staged per warp unless LUCEBOX_Q6_GEMV=old (qmm_gemv_rows.cuh gemv_q6_xs_enabled)
+            const bool xs = gemv_q6_xs_enabled();
+            const int st = xs ? gemv_cols_config<QT, true, 6, true>(c) : gemv_cols_config<QT, true, 6, false>(c);
             if (st != LB_OK) return st;
             const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
             if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
-            LB_CUDA_TRY(launch_pdl(gemv_q6_tile_kernel<6>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
+            LB_CUDA_TRY(launch_pdl(xs ? gemv_q6_tile_kernel<6, true> : gemv_q6_tile_kernel<6, false>,
+                                   dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
             return LB_OK;
         }
     }

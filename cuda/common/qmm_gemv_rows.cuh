@@ -193,6 +193,71 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_kernel(QmmArgs a) {
     }
 }
 
+// ---- n = 1, Q6_K_T: x staged per warp as qmm_item's fp16 B fragments (gemv_q6_tile_kernel<kB, true>) ----------
+//
+// qmm_item<Q6_K, 1, 1> feeds mma step (c, s, u) (q = 2c + s, in that order) of lane (g, t) with the float4
+// x[16t + 64q + 4u + 0..3] of the item's 256 (klane(t) + kstep(c, u, s)) as b0 = fp16 (x0, x2), b1 = (x1, x3): the
+// same for every g (n = 1). That float4 is float4 i = 4t + 16q + u of the item. The buffer holds each (q, u, t)'s
+// (b0, b1) at byte 128q + 64(u >> 1) + 16t + 8(u & 1): lane t's two consecutive steps u, u + 1 (u even) are one
+// LDS.128 at 16t + a compile-time offset, the four t of one read 64 contiguous bytes (broadcast over g, one
+// wavefront). Lane L converts float4 L and 32 + L (its own two cp.async copies) and stores each (b0, b1) with one
+// STS.64: float4 i = L is (t, u, q) = ((L >> 2) & 3, L & 3, L >> 4), i = 32 + L the same at q + 2, i.e. 256 bytes
+// on; each half-warp's stores cover 128 contiguous bytes (conflict-free). (tests/unit/test_q6_xs_map.py models it.)
+struct Q6Xs {
+    static constexpr int kBytes = 512;  // 256 fp16
+    // byte of float4 i's (b0, b1); the buffer's LDS.128 of steps (q, u, u + 1) is at 128q + 64(u >> 1) + 16t
+    __host__ __device__ static constexpr int off(int i) {
+        return 128 * (i >> 4) + 64 * ((i & 3) >> 1) + 16 * ((i >> 2) & 3) + 8 * (i & 1);
+    }
+};
+
+// 16 bytes global -> shared through L1 (.ca: x is read again by the SM's other warps on the same 256-block);
+// "memory" keeps the compiler from moving the buffer's earlier reads below it.
+__device__ __forceinline__ void q6_cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+// Lane `lane`'s float4 lane and 32 + lane of the item's x (its own cp.async copies at xf, xf + 512) -> the warp's
+// buffer xs, converted as qmm_item does (cvt.rn of (x0, x2) and (x1, x3)).
+__device__ __forceinline__ void q6_xs_store(uint8_t* xs, uint32_t xf, int lane) {
+    asm volatile("cp.async.wait_all;" ::: "memory");  // this lane's copies (only it reads them back)
+    float4 xv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(xv[h].x), "=f"(xv[h].y), "=f"(xv[h].z), "=f"(xv[h].w)
+                     : "r"(xf + 512 * h)
+                     : "memory");
+    __syncwarp();  // every lane's reads of the previous item's xs are done
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint2*>(xs + Q6Xs::off(lane) + 256 * h) =
+            make_uint2(h2_bits(__floats2half2_rn(xv[h].x, xv[h].z)), h2_bits(__floats2half2_rn(xv[h].y, xv[h].w)));
+    __syncwarp();
+}
+
+// qmm_item<Q6_K, 1, 1> with B from the buffer (xs_t = buffer + 16t): the same scales, A fragments and mma order.
+__device__ __forceinline__ void q6_item_xs(const Traits<Q6_K>::Row (&r)[2], float (&acc)[4], const uint8_t* xs_t,
+                                           int t) {
+    using Tr = Traits<Q6_K>;
+    static_for<Tr::kChunks>([&](auto C) {
+        static_for<Tr::kHiLo>([&](auto S) {
+            constexpr int c = decltype(C)::value, st = decltype(S)::value;
+            const Scales sc0 = Tr::template prep<c, st>(r[0], t);
+            const Scales sc1 = Tr::template prep<c, st>(r[1], t);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                // (ptxas merges steps u, u + 1 into one LDS.128: 8 per item)
+                const uint2 b = *reinterpret_cast<const uint2*>(xs_t + Q6Xs::off(16 * (2 * c + st) + u));
+                uint32_t a0, a1, a2, a3;
+                Tr::template frag<c, st>(r[0], sc0, u, t, a0, a2);
+                Tr::template frag<c, st>(r[1], sc1, u, t, a1, a3);
+                mma16816(acc, a0, a1, a2, a3, b.x, b.y);
+            }
+        });
+    });
+}
+
 // ---- n = 1, Q6_K_T (the tiled Q6_K layout of quant_blocks.cuh) ----------------------------------------------
 //
 // qmm_kernel<Q6_K, 1, 1>'s items (16 rows × one 256-block per warp, 64-row groups, stream-K shares), registers
@@ -205,7 +270,15 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_k45_tile_kernel(QmmArgs a) {
 // (the launch checks the item count). kBlocks: blocks per SM asked of ptxas on sm_90, launched at 6 (ptxas: 80
 // registers, no spills; at 7, 72 registers and 40 bytes of spills; qmm_kernel<Q6_K, 1, 1> uses 96, five blocks).
 // sm_86 compiles it free (95 registers, no spills).
-template <int kBlocks>
+//
+// kXs (session 10, the default; LUCEBOX_Q6_GEMV=old keeps kXs = false): x staged per warp. qmm_item loads the
+// item's x itself, 16 LDG.128 per lane (mostly L2 hits), each just before its mma, so their latency sits inside
+// the item (ncu, H200: ~30% of the stall samples on the F2FP that convert them). Here the next item's 256 x go
+// out with the next item's weights at the end of an item (2 coalesced 16-byte cp.async per lane, into a per-warp
+// fp32 buffer), are converted to the same fp16 pairs at the start of the item (q6_xs_store) into a 512-byte
+// per-warp buffer, and the 16 mmas read them back with 8 LDS.128 (q6_item_xs): same fp16 B values, same mma order,
+// same flush as kXs = false. ptxas: sm_90 80 registers, no spills, 6 KB of shared memory; sm_86 79 registers.
+template <int kBlocks, bool kXs = false>
 __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
     using Row = Traits<Q6_K>::Row;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -238,19 +311,44 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
         }
         d2 = ldg_stream4(p + o_d);
     };
+    // kXs: the item's x, float4 i = lane and 32 + lane of its 256 (one 512-byte run per copy), copied by cp.async
+    // into the lane's own 32 bytes of the warp's fp32 buffer xf (no registers held across the loop: with two
+    // float4 in registers there, ptxas spilled 20 bytes at the 80-register cap), then converted into xs.
+    // (declared only in the kXs instance: kXs = false keeps today's kernel, no shared memory)
+    uint8_t* xs = nullptr;
+    uint32_t xf = 0;  // shared address of this lane's fp32 float4 lane (float4 32 + lane is 512 bytes on)
+    if constexpr (kXs) {
+        __shared__ __align__(16) uint8_t xs_all[kWarps][Q6Xs::kBytes];
+        __shared__ __align__(16) uint8_t xf_all[kWarps][2 * Q6Xs::kBytes];
+        xs = xs_all[warp];
+        xf = (uint32_t)__cvta_generic_to_shared(xf_all[warp] + 16 * lane);
+    }
+    auto load_x = [&]() {
+        if (tr >= n_tiles) return;
+        const float* xp = a.x + kb * QK + 4 * lane;
+        q6_cp_async16(xf, xp);
+        q6_cp_async16(xf + 512, xp + 128);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
 
     float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
     // The first item's weights are constant: their loads go out before waiting for the previous kernel (PDL).
     load();
     pdl_wait();
+    if constexpr (kXs) load_x();  // x is the previous kernel's output: after pdl_wait
     for (;;) {
         const bool live = tr < n_tiles;
         if (live) {
             const float2 d = __half22float2(bits_h2(d2));
             rr[0][0].d = d.x;
             rr[0][1].d = d.y;
-            const float* const xb[1] = {a.x + kb * QK + Traits<Q6_K>::klane(t)};
-            qmm_item<Q6_K, 1, 1>(rr, acc, xb, t);
+            if constexpr (kXs) {
+                q6_xs_store(xs, xf, lane);
+                q6_item_xs(rr[0], acc[0][0], xs + 16 * t, t);
+            } else {
+                const float* const xb[1] = {a.x + kb * QK + Traits<Q6_K>::klane(t)};
+                qmm_item<Q6_K, 1, 1>(rr, acc, xb, t);
+            }
         }
         --left;
         if ((kb + 1 == nb || left == 0) && live) qmm_flush<1, 1>(a, (int64_t)tr * kTileRows, acc, g, t);
@@ -260,7 +358,18 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
             tr += kWarps;
         }
         load();
+        if constexpr (kXs) load_x();
     }
+}
+
+// Whether n = 1 Q6_K_T runs gemv_q6_tile_kernel<6, true> (x staged per warp): LUCEBOX_Q6_GEMV=old keeps
+// gemv_q6_tile_kernel<6, false> (for A/B runs); anything else (or unset) the staged one. Read once per process.
+inline bool gemv_q6_xs_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("LUCEBOX_Q6_GEMV");
+        return !(e && std::strcmp(e, "old") == 0);
+    }();
+    return on;
 }
 
 // Blocks per SM asked of ptxas for gemv_k45_tile_kernel on sm_90: LUCEBOX_GEMV_TILE_BLOCKS=6 gives 6, anything else

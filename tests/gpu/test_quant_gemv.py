@@ -9,7 +9,8 @@ compared by relative RMS error (fp16 weights and activations into fp32 accumulat
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_quant_gemv.py [--bench]`, which
 also prints the bandwidth table at the 27B shapes (--gemv-bench: only its n = 1 K-quant rows; --tile-bench: Q4_K
 against the tiled Q4_K at n = 1, 23, 64; --bench-one QT ROWS K ITERS [N]: one shape, for a profiler, QT Q4_K_T
-included; --tile6-bench: Q6_K against the tiled Q6_K at n = 1, 8, 23, 64). Every Q4_K case also runs on the tiled
+included; --tile6-bench: Q6_K against the tiled Q6_K at n = 1, 8, 23, 64; LUCEBOX_Q6_GEMV=old runs the tiled Q6_K's
+n = 1 on the kernel before x staging, for an A/B). Every Q4_K case also runs on the tiled
 layout (qtype 268) as "Q4_K_T", every Q6_K case on the tiled Q6_K (qtype 270) as "Q6_K_T".
 """
 
@@ -338,6 +339,57 @@ def test_tiled_q6k_matches_q6k():
         assert rel_rms(b.astype(np.float64), a.astype(np.float64)) < 2 * np.sqrt(k) * 2.0**-24, (rows, k, n)
 
 
+# n = 1 Q6_K_T runs gemv_q6_tile_kernel<6, true> (x staged per warp) unless LUCEBOX_Q6_GEMV=old (read once per
+# process: the old kernel runs in a child). Both feed the same fp16 products to the mmas in the same order, so at
+# K = 256 (one item, hence one atomicAdd, per output row) they agree bit for bit; at larger K up to the fp32 order of
+# the stream-K atomics. The attn_qkv and ffn_down shapes of the 27B are included (the LM head's reference is too big).
+Q6_XS_SHAPES = [(1008, 256), (1008, 256 * 7), (10240, 5120), (5120, 17408)]
+
+
+def q6_gemv_outputs() -> dict[str, np.ndarray]:
+    out = {}
+    for rows, k in Q6_XS_SHAPES:
+        w, _ = case("Q6_K_T", rows, k)
+        x = np.random.default_rng(rows + k).standard_normal(k).astype(np.float32)
+        xd, yd = Dev.of(x), Dev(4 * rows)
+        try:
+            lib().call("lb_dev_memset", yd.ptr, 0xFF, yd.nbytes)
+            lib().call("lb_gemv_q", ALL_QTYPES["Q6_K_T"], w.ptr, rows, k, xd.ptr, yd.ptr, 0, None)
+            out[f"{rows}x{k}"] = yd.get(np.float32, rows)
+        finally:
+            xd.close()
+            yd.close()
+    return out
+
+
+def test_q6_gemv_old_env_same(tmp_path):
+    """LUCEBOX_Q6_GEMV=old (today's gemv_q6_tile_kernel, in a child process) against the default (x staged per
+    warp, this process): both right against the float64 reference, bit-identical at K = 256."""
+    import os
+    import subprocess
+
+    if os.environ.get("LUCEBOX_Q6_GEMV") == "old":
+        pytest.skip("LUCEBOX_Q6_GEMV=old is set here: this process would run the old kernel too")
+    dump = tmp_path / "q6_old.npz"
+    env = dict(os.environ, LUCEBOX_Q6_GEMV="old")
+    r = subprocess.run([sys.executable, __file__, "--dump-q6-gemv", str(dump)], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    old = dict(np.load(dump))
+    new = q6_gemv_outputs()
+    for rows, k in Q6_XS_SHAPES:
+        key = f"{rows}x{k}"
+        _, ref = case("Q6_K_T", rows, k)
+        want = ref @ np.random.default_rng(rows + k).standard_normal(k).astype(np.float32).astype(np.float64)
+        for name, y in (("old", old[key]), ("staged", new[key])):
+            assert np.isfinite(y).all(), f"{name} {key}: unwritten/NaN outputs"
+            assert rel_rms(y.astype(np.float64), want) < TOL, f"{name} {key}"
+        if k == 256:
+            assert np.array_equal(old[key].view(np.uint32), new[key].view(np.uint32)), f"{key}: not bit-identical"
+        else:
+            assert rel_rms(new[key].astype(np.float64), old[key].astype(np.float64)) < 2 * np.sqrt(k) * 2.0**-24, key
+
+
 # ---- bandwidth table at the 27B shapes (script mode, or pytest -k bandwidth -s) ------------------
 
 BENCH_SHAPES = [("ffn_gate/up", 17408, 5120), ("ffn_down", 5120, 17408), ("attn_qkv", 10240, 5120),
@@ -378,6 +430,9 @@ def test_bandwidth_table():
 def _main(argv: list[str]) -> int:
     """Script mode: every case with a one-line verdict, then (with --bench) the bandwidth table;
     --bench-only skips the cases."""
+    if "--dump-q6-gemv" in argv:  # test_q6_gemv_old_env_same's child (under LUCEBOX_Q6_GEMV=old)
+        np.savez(argv[argv.index("--dump-q6-gemv") + 1], **q6_gemv_outputs())
+        return 0
     failed = 0
     cases = []
     for qt in QTYPES:  # grouped by type so the big references are dequantized once (case() keeps six)
