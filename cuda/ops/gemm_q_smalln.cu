@@ -286,7 +286,8 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
     switch (qtype) {
         case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q4_K_T:
-            if (takes_v5<Q4_K_T>(sel, n)) return v5_or_v7<Q4_K_T>(sel, w, n_rows, k, x, n, y, accumulate, s, PlainOut());
+            if (takes_v5<Q4_K_T>(sel, n))
+                return v5_or_v7<Q4_K_T>(sel, w, n_rows, k, x, n, y, accumulate, s, PlainOut());
             return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
         case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);

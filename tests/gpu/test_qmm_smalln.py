@@ -222,7 +222,8 @@ def test_v7_bitwise(qt):
 SEGS = [(301, 256 * 7, [100, 48, 48, 105]), (4099, 256 * 16, [3000, 1099]), (17408, 5120, [6144, 48, 48, 11168])]
 
 
-@pytest.mark.parametrize("sel", [0, PRE_V5, 17], ids=["shipped", "pre-v5", "v7"])  # (Q4_K, Q4_K_T n <= 32: v5 / pre-v5 / v7)
+# (Q4_K, Q4_K_T at n <= 32: v5 / pre-v5 / v7)
+@pytest.mark.parametrize("sel", [0, PRE_V5, 17], ids=["shipped", "pre-v5", "v7"])
 @pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q4_K_T"])  # the types whose consecutive tensors are one block stream
 @pytest.mark.parametrize("rows,k,parts", SEGS, ids=[f"N{r}-{len(p)}seg" for r, _, p in SEGS])
 def test_segmented_outputs(qt, rows, k, parts, sel):

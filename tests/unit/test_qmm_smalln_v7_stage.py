@@ -2,10 +2,10 @@
 
 v7 keeps v5's and v6's A maps, items and B reads; what is new is the path of x into the B buffer: at the top of an item
 thread tid = 32·warp + lane copies (cp.async, 16 bytes) for each of its 16/W groups i (grp = warp + W·i) and column
-tiles ct the float4 x[8ct + g][kb·256 + 16·grp + 4u .. +3] (g = lane >> 2, u = lane & 3) into its own fp32 slot, float4
-index (i·NT + ct)·32W + tid of the area after the two B buffers, and after the item reads the slot back (LDS.128),
-converts it (fp16 pairs (x0, x2), (x1, x3)) and stores it at XStager's uint2 index ((4·q4 + u)·NT)·32 + ((4g + t) ^ u)
-+ 32ct. The model follows those formulas for W = 4 and 8 warps, NT = 3 and 4 column tiles, n = 17..32 and both maps (v5:
+tiles ct the float4 x[8ct + g][kb·256 + 16·grp + 4u .. +3] (g = lane >> 2, u = lane & 3) into its own fp32 slot,
+float4 index (i·NT + ct)·32W + tid of the area after the two B buffers, and after the item reads the slot back
+(LDS.128), converts it (fp16 pairs (x0, x2), (x1, x3)) and stores it at XStager's uint2 index
+((4·q4 + u)·NT)·32 + ((4g + t) ^ u) + 32ct. The model follows those formulas for W = 4 and 8 warps, NT = 3 and 4 column tiles, n = 17..32 and both maps (v5:
 klane 64t, kstep 16c + 32s + 4u; v6: klane 128(t >> 1) + 16(t & 1), kstep 64c + 32s + 4u), and checks that
 - every slot is written by one (thread, i, ct), read back only by that thread, lies inside smalln_v7_raw_bytes, and a
   warp's 32 copies / reads of one (i, ct) are 512 contiguous bytes (conflict-free);
@@ -108,8 +108,8 @@ def check_reads(buf: dict, x: np.ndarray, kb: int, n: int, nt: int, klane, kstep
                     for lane in range(32):
                         g, t = lane >> 2, lane & 3
                         b0, b1 = buf[(q * nt + ct) * 32 + (lane ^ u)]
-                        # b0 = B[2t][g], B[2t + 1][g]; b1 = B[2t + 8][g], B[2t + 9][g]; slot 2t ↔ byte 0, 2t + 1 ↔ 2,
-                        # 2t + 8 ↔ 1, 2t + 9 ↔ 3
+                        # b0 = B[2t][g], B[2t + 1][g]; b1 = B[2t + 8][g], B[2t + 9][g];
+                        # slot 2t ↔ byte 0, 2t + 1 ↔ 2, 2t + 8 ↔ 1, 2t + 9 ↔ 3
                         k0 = kb * QK + klane(t) + kstep(c, u, s)
                         col = 8 * ct + g
                         want = [x[k0 + b, col] if col < n else 0.0 for b in range(4)]
