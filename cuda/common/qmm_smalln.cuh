@@ -459,6 +459,46 @@ struct Traits<Q4_K_T_V7> : Traits<Q4_K_T_V5> {};
 template <>
 struct Traits<Q6_K_T_V7> : Traits<Q6_K_T_V6> {};
 
+// small-N v7 with 32-bit lane offsets (select 18, Q4_K_T only): v7, but the next item's six loads of a row tile come
+// from one 64-bit tile pointer per item ((tile·nb + kb)·2304: a Q4_K_T tile of 16 rows × one 256-block is 2304
+// contiguous bytes) plus two lane offsets fixed for the kernel (header of row g: 144g; qs pieces: 144g + 16 + 32t) and
+// immediates (+16 for the second qs piece, +1152 for row g + 8), v6's scheme. The generic smalln_load recomputes a
+// 64-bit block_index product for each of the six pieces (~40 of v5's ~110 integer instructions a 16-row item at
+// n = 23, docs/perf.md session 10). Same bytes, same registers they land in, same L1::evict_first loads.
+constexpr int kV7LFlag = 0x2000;  // template-only id, on top of Q4_K_T_V7
+__host__ __device__ constexpr inline bool is_v7l(int qt) { return (qt & kV7LFlag) != 0; }
+enum : int { Q4_K_T_V7L = Q4_K_T_V7 | kV7LFlag };
+template <>
+struct Traits<Q4_K_T_V7L> : Traits<Q4_K_T_V5> {
+    using Base5 = TraitsK45<false, true>;
+    static constexpr int kTileBytes = kTileRows * Base5::kBlockBytes;  // 2304
+    static constexpr int kHalf = 8 * Base5::kBlockBytes;               // row g + 8: 1152 bytes further
+    struct Lane {
+        uint32_t hdr, qs;
+    };
+    template <bool kKeep>
+    __device__ static uint32_t keep(int x) {
+        uint32_t y = (uint32_t)x;
+        if constexpr (kKeep) asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+        return y;
+    }
+    template <bool kKeep>
+    __device__ static Lane lane_offsets(int g, int t) {
+        return {keep<kKeep>(Base5::kBlockBytes * g), keep<kKeep>(Base5::kBlockBytes * g + 16 + 32 * t)};
+    }
+    // One tile's pieces (rows g, g + 8) from the tile at `tile`: TraitsK4V5::piece's bytes.
+    __device__ static void load(const uint8_t* tile, const Lane& ln, Row (&r)[2]) {
+        const uint8_t* hd = tile + ln.hdr;
+        const uint8_t* qs = tile + ln.qs;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            r[h].v[Base5::kHdr] = ldg_l1_first(hd + kHalf * h);
+            r[h].v[Base5::kQs] = ldg_l1_first(qs + kHalf * h);
+            r[h].v[Base5::kQs + 1] = ldg_l1_first(qs + kHalf * h + 16);
+        }
+    }
+};
+
 constexpr size_t smalln_v7_raw_bytes(int nt) { return (size_t)kSmallnSteps * nt * 32 * 16; }  // fp32 slots
 constexpr size_t smalln_v7_smem_bytes(int nt) { return smalln_smem_bytes(nt) + smalln_v7_raw_bytes(nt); }
 
@@ -537,7 +577,7 @@ __device__ __forceinline__ void smalln_item_any(const typename Traits<QT>::Row (
 
 // What smalln_load needs of the lane besides (g, t), computed once per kernel: v6's piece offsets, else nothing.
 struct NoLane {};
-template <int QT, bool = is_v6(QT)>
+template <int QT, bool = is_v6(QT) || is_v7l(QT)>
 struct SmallnLaneOf {
     using type = NoLane;
 };
@@ -549,7 +589,7 @@ template <int QT>
 using SmallnLane = typename SmallnLaneOf<QT>::type;
 template <int QT, bool kKeep>
 __device__ __forceinline__ SmallnLane<QT> smalln_lane(int g, int t) {
-    if constexpr (is_v6(QT)) return Traits<QT>::template lane_offsets<kKeep>(g, t);
+    if constexpr (is_v6(QT) || is_v7l(QT)) return Traits<QT>::template lane_offsets<kKeep>(g, t);
     else return {};
 }
 
@@ -561,7 +601,15 @@ template <int QT, int MT>
 __device__ __forceinline__ void smalln_load(const QmmArgs& a, int64_t row0, int kb, int g, int t,
                                             typename Traits<QT>::Row (&rr)[MT][2], const SmallnLane<QT>& ln) {
     using Tr = Traits<QT>;
-    if constexpr (is_v6(QT)) {
+    if constexpr (is_v7l(QT)) {  // Q4_K_T_V7L: as v6, one tile pointer per row tile (rows a multiple of 16)
+        const int64_t nb = a.k / QK;
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            int64_t tile = (row0 >> 4) + m;
+            if (m > 0) tile = min(tile, a.n_rows / kTileRows - 1);
+            Tr::load(a.w + (tile * nb + kb) * Tr::kTileBytes, ln, rr[m]);
+        }
+    } else if constexpr (is_v6(QT)) {
         const int64_t nb = a.k / QK;
 #pragma unroll
         for (int m = 0; m < MT; ++m) {

@@ -37,9 +37,10 @@ using namespace lb::q;
 // choice for Q6_K_T at n = 2..32 is v6 in the shape that measured fastest at that width (v6_shipped). 17: small-N v7
 // (qmm_smalln.cuh: x staged through cp.async, converted after the item) at n = 17..32 for Q4_K and Q4_K_T (v5's map and
 // launch shapes, both entry points) and Q6_K_T (v6 in v6_shipped's shapes); every other type and width: the shipped
-// choice.
-constexpr int kSelPreV5 = 13, kSelV6D = 14, kSelV6B = 15, kSelV6D3 = 16, kSelV7 = 17;
-constexpr int kSelectMax = 17;
+// choice. 18: v7 as 17, and for Q4_K_T its loads from one tile pointer per item and two 32-bit lane offsets
+// (Q4_K_T_V7L).
+constexpr int kSelPreV5 = 13, kSelV6D = 14, kSelV6B = 15, kSelV6D3 = 16, kSelV7 = 17, kSelV7L = 18;
+constexpr int kSelectMax = 18;
 
 // LUCEBOX_QMM_SMALLN_SELECT, read once when the library loads: the initial select (0 when unset; a value that is
 // not an integer in 0..kSelectMax is reported on stderr and ignored).
@@ -166,13 +167,23 @@ int v5_widths(const void* w, int64_t n_rows, int k, const float* x, int n, float
     return v5_launch<QT, 4>(w, n_rows, k, x, n, y, accumulate, s, out);
 }
 
-// v5, or under select 17 at n = 17..32 small-N v7 (v5's map and launch shapes, x through cp.async).
+// small-N v7 at n = 17..32 (v5's map and launch shapes, x through cp.async); kExtra: kV7Flag, or with kV7LFlag the
+// Q4_K_T lane-offset loads.
+template <int QT, typename Out, int kExtra>
+int v7_widths(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s,
+              const Out& out) {
+    if (n <= 24) return v5_launch<QT, 3, Out, kExtra>(w, n_rows, k, x, n, y, accumulate, s, out);
+    return v5_launch<QT, 4, Out, kExtra>(w, n_rows, k, x, n, y, accumulate, s, out);
+}
+
+// v5, or under select 17 / 18 at n = 17..32 small-N v7 (18: with the lane-offset loads on Q4_K_T).
 template <int QT, typename Out>
 int v5_or_v7(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
              cudaStream_t s, const Out& out) {
-    if (sel == kSelV7 && n > 16) {
-        if (n <= 24) return v5_launch<QT, 3, Out, kV7Flag>(w, n_rows, k, x, n, y, accumulate, s, out);
-        return v5_launch<QT, 4, Out, kV7Flag>(w, n_rows, k, x, n, y, accumulate, s, out);
+    if (n > 16 && sel == kSelV7) return v7_widths<QT, Out, kV7Flag>(w, n_rows, k, x, n, y, accumulate, s, out);
+    if (n > 16 && sel == kSelV7L) {
+        constexpr int kExtra = QT == Q4_K_T ? (kV7Flag | kV7LFlag) : kV7Flag;
+        return v7_widths<QT, Out, kExtra>(w, n_rows, k, x, n, y, accumulate, s, out);
     }
     return v5_widths<QT>(w, n_rows, k, x, n, y, accumulate, s, out);
 }
@@ -229,7 +240,7 @@ int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n,
     if constexpr (QT == Q4_K) {
         if (takes_v5<QT>(sel, n)) return v5_or_v7<QT>(sel, w, n_rows, k, x, n, y, accumulate, s, PlainOut());
     }
-    if (sel >= 12) sel = 0;  // 13 for Q4_K (the pre-v5 kernel); 12..17 for every other type: the shipped choice
+    if (sel >= 12) sel = 0;  // 13 for Q4_K (the pre-v5 kernel); 12..18 for every other type: the shipped choice
     if (sel == 0 && n > 32) sel = 8;  // shipped at n = 33..64: shape G
     if (sel >= 8) {
         if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
@@ -281,7 +292,7 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
     int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, y);
     if (st != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    // the tiled layouts take selects 13 (the kernels shipped before session 9), 14..16 (Q6_K_T: small-N v6) and 17 (v7)
+    // the tiled layouts take selects 13 (the kernels shipped before session 9), 14..16 (Q6_K_T: small-N v6), 17, 18 (v7)
     const int sel = g_select.load(std::memory_order_relaxed);
     switch (qtype) {
         case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s);
@@ -292,7 +303,8 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
         case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K_T:
-            if (sel == kSelV7 && n >= 17 && n <= 32) return v7_q6(w, n_rows, k, x, n, y, accumulate, s);
+            if ((sel == kSelV7 || sel == kSelV7L) && n >= 17 && n <= 32)
+                return v7_q6(w, n_rows, k, x, n, y, accumulate, s);
             if (takes_v6(sel, n)) return v6_widths(sel, w, n_rows, k, x, n, y, accumulate, s);
             if (sel != kSelPreV5 && n >= 2 && n <= 32) return v6_widths(v6_shipped(n), w, n_rows, k, x, n, y, accumulate, s);
             return shipped_dispatch<Q6_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
@@ -341,7 +353,7 @@ extern "C" LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows,
     const int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, ys[0]);
     if (st != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const int sel = g_select.load(std::memory_order_relaxed);  // 13: the pre-v5 kernel, 17: v7; no other applies here
+    const int sel = g_select.load(std::memory_order_relaxed);  // 13: pre-v5, 17 / 18: v7; no other applies here
     if (qtype == Q4_K) {
         if (takes_v5<Q4_K, true>(sel, n)) return v5_or_v7<Q4_K>(sel, w, n_rows, k, x, n, ys[0], accumulate, s, sg);
         return shipped_dispatch<Q4_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);

@@ -8,8 +8,9 @@ Every type, odd row counts, K a multiple of 256 with an odd block count, each co
 1 (output preset to a random vector), plus shapes with several items per block (flushes mid-range, both x
 buffers, row-group wrap). Results of the stream-K atomics are compared by relative RMS error, like the others.
 Q4_K and Q4_K_T at n = 2..32 ship small-N v5 (select 0) since session 9; select 13 keeps the pre-v5 kernel, and the
-sweep covers both; selects 14..16 are small-N v6 for Q6_K_T (opt-in), in three launch shapes; select 17 is small-N v7
-(x staged through cp.async; Q4_K, Q4_K_T, Q6_K_T at n = 17..32), also checked bit for bit against select 0.
+sweep covers both; selects 14..16 are small-N v6 for Q6_K_T (opt-in), in three launch shapes; selects 17 and 18 are
+small-N v7 (x staged through cp.async; Q4_K, Q4_K_T, Q6_K_T at n = 17..32; 18 with Q4_K_T's lane-offset loads), also
+checked bit for bit against select 0.
 
 Script mode: `python tests/gpu/test_qmm_smalln.py [--bench | --bench-tiled | --bench-v5 | --bench-v6 | --bench-v7]`;
 --bench-v7 prints select 17 against the shipped kernel on the verify's tiled shapes; --bench-v5
@@ -39,15 +40,15 @@ pytestmark = pytest.mark.gpu
 # Q4_K_T at n = 2..32 and the pre-v6 kernel for Q6_K_T (what shipped before session 9); 14, 15, 16 "small-N v6" for
 # Q6_K_T at n = 2..32 in launch shape D 1x8, B 2x4 and D with three blocks an SM (the shipped choice takes the fastest
 # of them per width); 17 "small-N v7" (x staged through cp.async, session 10) at n = 17..32 for Q4_K, Q4_K_T (v5's
-# map, both entry points) and Q6_K_T (v6's map in the shipped shapes); the shipped choice for every other type and width
-# under 12..17
+# map, both entry points) and Q6_K_T (v6's map in the shipped shapes); 18 v7 with Q4_K_T's loads from one tile pointer
+# and two 32-bit lane offsets (otherwise 17); the shipped choice for every other type and width under 12..18
 SELECT = {0: "shipped", 1: "register", 2: "staged A 2x8", 3: "staged B 2x4", 4: "staged C 1x16", 5: "staged D 1x8",
           6: "staged E 2x4 split", 7: "staged F 2x8 split"}
 WIDE_SELECT = {8: "v2 G 2x8", 9: "v2 H 1x16", 10: "v2 G 2x8 NT8", 11: "v2 H 1x16 NT8"}
 V5_SELECT = {12: "v5 (12)", 13: "pre-v5 (13)"}
 V6_SELECT = {14: "v6 D 1x8 (14)", 15: "v6 B 2x4 (15)", 16: "v6 D 1x8 x3 (16)"}
-V7_SELECT = {17: "v7 cp.async x (17)"}
-SELECT_MAX = 17
+V7_SELECT = {17: "v7 cp.async x (17)", 18: "v7 + lane offsets (18)"}
+SELECT_MAX = 18
 PRE_V5 = 13
 NS = [2, 7, 9, 16, 23, 24, 31, 32]
 # n = 33..64: each NT 6 / NT 8 edge and the prefill's 64
@@ -193,7 +194,7 @@ def test_v6_smalln(rows, k):
     check("Q6_K_T", fit_rows("Q6_K_T", rows), k, ns, [0, PRE_V5, *V6_SELECT, *V7_SELECT])
 
 
-# small-N v7 (select 17) stages the same fp16 B fragments as v5 / v6 (only the x loads became cp.async) and keeps their
+# small-N v7 (selects 17, 18) stages the same fp16 B fragments as v5 / v6 (only the x loads became cp.async) and keeps their
 # items, mma order and launch shapes: with one 256-block (k = 256: one item per output, one atomic add onto zeros) its
 # output must equal select 0's bit for bit at every width it takes (n = 17..32) and below (n <= 16: select 0's kernel).
 @pytest.mark.parametrize("qt", ["Q4_K", "Q4_K_T", "Q6_K_T"])
@@ -203,7 +204,7 @@ def test_v7_bitwise(qt):
     for n in (9, 16, 17, 20, 23, 24, 25, 31, 32):
         x = np.random.default_rng(700 + n).standard_normal((n, k)).astype(np.float32)
         outs = []
-        for sel in (0, 17):
+        for sel in (0, *V7_SELECT):
             select(sel)
             xd, yd = Dev.of(x), Dev(4 * n * rows)
             try:
@@ -213,7 +214,8 @@ def test_v7_bitwise(qt):
                 for d in (xd, yd):
                     d.close()
                 restore()
-        assert np.array_equal(outs[0], outs[1]), f"{qt} n={n}: select 17 differs from select 0"
+        for sel, out in zip(V7_SELECT, outs[1:]):
+            assert np.array_equal(outs[0], out), f"{qt} n={n}: select {sel} differs from select 0"
 
 
 # lb_gemm_q_smalln_seg: one tensor's rows sent to up to four outputs (the engine's back-to-back projections at
@@ -223,7 +225,7 @@ SEGS = [(301, 256 * 7, [100, 48, 48, 105]), (4099, 256 * 16, [3000, 1099]), (174
 
 
 # (Q4_K, Q4_K_T at n <= 32: v5 / pre-v5 / v7)
-@pytest.mark.parametrize("sel", [0, PRE_V5, 17], ids=["shipped", "pre-v5", "v7"])
+@pytest.mark.parametrize("sel", [0, PRE_V5, 17, 18], ids=["shipped", "pre-v5", "v7", "v7-lane"])
 @pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q4_K_T"])  # the types whose consecutive tensors are one block stream
 @pytest.mark.parametrize("rows,k,parts", SEGS, ids=[f"N{r}-{len(p)}seg" for r, _, p in SEGS])
 def test_segmented_outputs(qt, rows, k, parts, sel):
@@ -301,8 +303,8 @@ def selected_output(sel: int) -> np.ndarray:
         restore()
 
 
-@pytest.mark.parametrize("value,expect", [(str(PRE_V5), PRE_V5), ("0", 0), ("13x", 0), ("99", 0), ("18", 0)],
-                         ids=["13", "0", "not-a-number", "out-of-range", "18"])
+@pytest.mark.parametrize("value,expect", [(str(PRE_V5), PRE_V5), ("0", 0), ("13x", 0), ("99", 0), ("19", 0)],
+                         ids=["13", "0", "not-a-number", "out-of-range", "19"])
 def test_env_select(value, expect, tmp_path):
     out = tmp_path / "y.npy"
     env = dict(os.environ, LUCEBOX_QMM_SMALLN_SELECT=value)
@@ -314,7 +316,7 @@ def test_env_select(value, expect, tmp_path):
     assert not np.array_equal(want, other), "v5 and pre-v5 agree bit for bit: the case cannot tell the selects apart"
     assert np.array_equal(child, want), f"LUCEBOX_QMM_SMALLN_SELECT={value}: the library did not start at {expect}"
     ignored = f"LUCEBOX_QMM_SMALLN_SELECT={value} ignored" in r.stderr
-    assert ignored == (value in ("13x", "99", "18")), r.stderr[-2000:]
+    assert ignored == (value in ("13x", "99", "19")), r.stderr[-2000:]
 
 
 # LUCEBOX_QMM_SMALLN_SELECT=17 (v7) is accepted and gives the child what select 17 gives here (v7 equals v5 bit for
@@ -420,7 +422,7 @@ def bench_v7(out=print) -> None:
     cases += [("Q4_K_T", "ffn_gate+up", 34816, 5120, n) for n in (17, 24, 25, 32)]
     cases += [("Q6_K_T", name, r, k, 23) for name, r, k in V6_BENCH_SHAPES]
     cases += [("Q6_K_T", "ffn_down", 5120, 17408, n) for n in (17, 24, 25, 32)]
-    _bench_table(out, [0, 17], NAMES, cases, "v7 / shipped", lambda us, one: us[1] / us[0])
+    _bench_table(out, [0, *V7_SELECT], NAMES, cases, "best v7 / shipped", lambda us, one: min(us[1:]) / us[0])
 
 
 WIDE_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]

@@ -16,7 +16,10 @@ klane 64t, kstep 16c + 32s + 4u; v6: klane 128(t >> 1) + 16(t & 1), kstep 64c + 
   actual k of the map (klane(t') + kstep(c, u, s) + b at slots 2t', 2t' + 8, 2t' + 1, 2t' + 9 for b = 0, 1, 2, 3), and
   0 for columns ≥ n;
 - a deliberately wrong slot formula is caught (the check is not vacuous);
-- the formulas are the kernel's (looked up in the CUDA source).
+- the formulas are the kernel's (looked up in the CUDA source);
+- select 18's Q4_K_T loads (Traits<Q4_K_T_V7L>: tile pointer (tile·nb + kb)·2304, lane offsets 144g and 144g + 16 + 32t,
+  immediates +16 and +1152) address exactly TraitsK4V5::piece's bytes (block_index<true>·144 + 0 | 16 + 32t | 32 + 32t)
+  for every row, block and lane.
 """
 
 from __future__ import annotations
@@ -188,5 +191,34 @@ def test_model_formulas_are_the_kernels():
         "if (more) xa.issue(nkb, a.n);",
         "if (more) xa.convert(a.n, xs[buf ^ 1]);",
         "for (int ct = 0; ct < NT; ++ct) b[ct] = buf[(q * NT + ct) * 32 + (lane ^ u)];",
+    ]:
+        assert line in src, f"qmm_smalln.cuh no longer has: {line}"
+
+
+def test_v7l_lane_offsets_are_v5_pieces():
+    """Traits<Q4_K_T_V7L>::load's addresses against TraitsK4V5::piece (block_index<true>) for rows g, g + 8 of every
+    tile, every block column, every lane."""
+    blk, nb = 144, 5
+    for tile in range(3):
+        for kb in range(nb):
+            base = (tile * nb + kb) * 16 * blk  # smalln_load: (tile · nb + kb) · kTileBytes
+            for g in range(8):
+                for t in range(4):
+                    hdr, qs = blk * g, blk * g + 16 + 32 * t  # lane_offsets
+                    for h in range(2):
+                        row = 16 * tile + g + 8 * h
+                        b = (((row >> 4) * nb + kb) * 16 + (row & 15)) * blk  # block_index<true> · kBlockBytes
+                        got = [base + hdr + 8 * blk * h, base + qs + 8 * blk * h, base + qs + 8 * blk * h + 16]
+                        assert got == [b, b + 16 + 32 * t, b + 16 + 32 * t + 16], (tile, kb, g, t, h)
+    src = SRC.read_text()
+    for line in [
+        "return {keep<kKeep>(Base5::kBlockBytes * g), keep<kKeep>(Base5::kBlockBytes * g + 16 + 32 * t)};",
+        "static constexpr int kHalf = 8 * Base5::kBlockBytes;",
+        "r[h].v[Base5::kHdr] = ldg_l1_first(hd + kHalf * h);",
+        "r[h].v[Base5::kQs] = ldg_l1_first(qs + kHalf * h);",
+        "r[h].v[Base5::kQs + 1] = ldg_l1_first(qs + kHalf * h + 16);",
+        "Tr::load(a.w + (tile * nb + kb) * Tr::kTileBytes, ln, rr[m]);",
+        "const uint8_t* hd = tile + ln.hdr;",
+        "const uint8_t* qs = tile + ln.qs;",
     ]:
         assert line in src, f"qmm_smalln.cuh no longer has: {line}"
