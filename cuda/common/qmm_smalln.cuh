@@ -432,140 +432,6 @@ __device__ __forceinline__ void smalln_item_v6(const typename Traits<QT>::Row (&
     }
 }
 
-// ---- small-N v7: x staged through cp.async (opt-in: select 17; Q4_K / Q4_K_T v5 and Q6_K_T v6 at n = 17..32) -------
-// Nsight Compute of v5 at Q4_K_T 34816×5120, n = 23 (docs/perf.md, session 10): ~22% of the warps' stall samples sit
-// on XStager::stage's F2FP (long scoreboard): the staging issues the next item's x loads (LDG.128 from L2) at the top
-// of an item and converts them right away, so every warp of the block waits one L2 round trip per item before its
-// mma, and the 12 float4 it holds (48 registers) sit on top of the accumulators and the weights. v7 copies the same
-// float4s with cp.async into a per-thread fp32 slot of shared memory at the top of the item (no registers, no wait),
-// and converts them (LDS.128, 2 F2FP, STS.64 each: the same fp16 rounding, the same uint2 at the same place of the
-// other B buffer) at the end of the item, one item of compute after the copy was issued, before the barrier that
-// already closes every item. Each thread reads back only the slots it copied itself, so cp.async.wait_all (no
-// barrier) orders them. The items, the A dequantization (smalln_item_v5 / smalln_item_v6, unchanged), the B reads,
-// the mma and the flush are those of the v5 / v6 ids; the x loads move from LDG to cp.async.cg (L2 only).
-// Shared memory: the two B buffers (NT·4 KB each) and the fp32 slots (NT·8 KB): 48 KB at NT = 3, 64 KB at NT = 4,
-// always dynamic (smalln_v7_smem_bytes).
-constexpr int kV7Flag = 0x1000;  // template-only id, on top of a v5 or v6 id
-__host__ __device__ constexpr inline bool is_v7(int qt) { return (qt & kV7Flag) != 0; }
-enum : int {
-    Q4_K_V7 = Q4_K_V5 | kV7Flag,
-    Q4_K_T_V7 = Q4_K_T_V5 | kV7Flag,
-    Q6_K_T_V7 = Q6_K_T_V6 | kV7Flag,
-};
-template <>
-struct Traits<Q4_K_V7> : Traits<Q4_K_V5> {};
-template <>
-struct Traits<Q4_K_T_V7> : Traits<Q4_K_T_V5> {};
-template <>
-struct Traits<Q6_K_T_V7> : Traits<Q6_K_T_V6> {};
-
-// small-N v7 with 32-bit lane offsets (select 18, Q4_K_T only): v7, but the next item's six loads of a row tile come
-// from one 64-bit tile pointer per item ((tile·nb + kb)·2304: a Q4_K_T tile of 16 rows × one 256-block is 2304
-// contiguous bytes) plus two lane offsets fixed for the kernel (header of row g: 144g; qs pieces: 144g + 16 + 32t) and
-// immediates (+16 for the second qs piece, +1152 for row g + 8), v6's scheme. The generic smalln_load recomputes a
-// 64-bit block_index product for each of the six pieces (~40 of v5's ~110 integer instructions a 16-row item at
-// n = 23, docs/perf.md session 10). Same bytes, same registers they land in, same L1::evict_first loads.
-constexpr int kV7LFlag = 0x2000;  // template-only id, on top of Q4_K_T_V7
-__host__ __device__ constexpr inline bool is_v7l(int qt) { return (qt & kV7LFlag) != 0; }
-enum : int { Q4_K_T_V7L = Q4_K_T_V7 | kV7LFlag };
-template <>
-struct Traits<Q4_K_T_V7L> : Traits<Q4_K_T_V5> {
-    using Base5 = TraitsK45<false, true>;
-    static constexpr int kTileBytes = kTileRows * Base5::kBlockBytes;  // 2304
-    static constexpr int kHalf = 8 * Base5::kBlockBytes;               // row g + 8: 1152 bytes further
-    struct Lane {
-        uint32_t hdr, qs;
-    };
-    template <bool kKeep>
-    __device__ static uint32_t keep(int x) {
-        uint32_t y = (uint32_t)x;
-        if constexpr (kKeep) asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
-        return y;
-    }
-    template <bool kKeep>
-    __device__ static Lane lane_offsets(int g, int t) {
-        return {keep<kKeep>(Base5::kBlockBytes * g), keep<kKeep>(Base5::kBlockBytes * g + 16 + 32 * t)};
-    }
-    // One tile's pieces (rows g, g + 8) from the tile at `tile`: TraitsK4V5::piece's bytes.
-    __device__ static void load(const uint8_t* tile, const Lane& ln, Row (&r)[2]) {
-        const uint8_t* hd = tile + ln.hdr;
-        const uint8_t* qs = tile + ln.qs;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            r[h].v[Base5::kHdr] = ldg_l1_first(hd + kHalf * h);
-            r[h].v[Base5::kQs] = ldg_l1_first(qs + kHalf * h);
-            r[h].v[Base5::kQs + 1] = ldg_l1_first(qs + kHalf * h + 16);
-        }
-    }
-};
-
-constexpr size_t smalln_v7_raw_bytes(int nt) { return (size_t)kSmallnSteps * nt * 32 * 16; }  // fp32 slots
-constexpr size_t smalln_v7_smem_bytes(int nt) { return smalln_smem_bytes(nt) + smalln_v7_raw_bytes(nt); }
-
-// XStager's loads as cp.async: thread (warp, lane) copies, for group i (grp = warp + W·i) and column tile ct, the
-// float4 XStager::stage would load (x[8ct + g][kb·256 + 16·grp + 4u .. +3]) into its slot (i·NT + ct) of the fp32
-// area: float4 index (i·NT + ct)·32W + tid (consecutive threads, consecutive 16 bytes: conflict-free), and later
-// converts it into the uint2 XStager::stage would store (dst_of(i) + 32ct). Columns ≥ n copy nothing and convert
-// to zeros, as XStager stages them.
-template <int QT, int NT, int W>
-struct XStagerAsync {
-    static constexpr int kGroups = kSmallnSteps / W;
-    static constexpr int kThreads = 32 * W;
-    const float* xl;  // as XStager
-    int64_t col_stride;
-    uint32_t dst[kGroups];
-    uint32_t raw;  // shared-window address of this thread's slot 0
-    const float4* raws;  // the same slot as a pointer (the read-back)
-    int g;
-    __device__ XStagerAsync(const QmmArgs& a, int warp, int lane, float4* raw_area) {
-        g = lane >> 2;
-        const int u = lane & 3;
-        xl = a.x + (int64_t)g * a.k + 16 * warp + 4 * u;
-        col_stride = 8 * a.k;
-#pragma unroll
-        for (int i = 0; i < kGroups; ++i) {
-            int q4, t;
-            smalln_group<QT>(warp + W * i, q4, t);
-            dst[i] = ((4 * q4 + u) * NT) * 32 + ((4 * g + t) ^ u);
-        }
-        raws = raw_area + 32 * warp + lane;
-        raw = (uint32_t)__cvta_generic_to_shared(raws);
-    }
-    // The copies of item kb's x (one commit group); nothing waits for them here.
-    __device__ __forceinline__ void issue(int kb, int n) const {
-        const float* p = xl + kb * QK;
-#pragma unroll
-        for (int ct = 0; ct < NT; ++ct) {
-#pragma unroll
-            for (int i = 0; i < kGroups; ++i)
-                if (8 * ct + g < n)
-                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                                     raw + 16u * (uint32_t)((i * NT + ct) * kThreads)),
-                                 "l"(p + 16 * W * i)
-                                 : "memory");
-            p += col_stride;
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    }
-    // Waits for this thread's copies, converts them into buf (the B buffer of the item they belong to).
-    __device__ __forceinline__ void convert(int n, uint2* buf) const {
-        asm volatile("cp.async.wait_all;" ::: "memory");
-#pragma unroll
-        for (int ct = 0; ct < NT; ++ct)
-#pragma unroll
-            for (int i = 0; i < kGroups; ++i) {
-                const float4 v = 8 * ct + g < n ? raws[(i * NT + ct) * kThreads] : make_float4(0.f, 0.f, 0.f, 0.f);
-                buf[dst[i] + 32 * ct] = make_uint2(h2_bits(__floats2half2_rn(v.x, v.z)),
-                                                   h2_bits(__floats2half2_rn(v.y, v.w)));
-            }
-    }
-};
-
-// What the kernels other than v7 hold in XStagerAsync's place.
-struct NoXStagerAsync {
-    __device__ NoXStagerAsync(const QmmArgs&, int, int, float4*) {}
-};
-
 // The kernel's item: smalln_item, or smalln_item_v5 / smalln_item_v6 for their ids.
 template <int QT, int NT, int MT>
 __device__ __forceinline__ void smalln_item_any(const typename Traits<QT>::Row (&rr)[MT][2], float (&acc)[MT][NT][4],
@@ -577,7 +443,7 @@ __device__ __forceinline__ void smalln_item_any(const typename Traits<QT>::Row (
 
 // What smalln_load needs of the lane besides (g, t), computed once per kernel: v6's piece offsets, else nothing.
 struct NoLane {};
-template <int QT, bool = is_v6(QT) || is_v7l(QT)>
+template <int QT, bool = is_v6(QT)>
 struct SmallnLaneOf {
     using type = NoLane;
 };
@@ -589,7 +455,7 @@ template <int QT>
 using SmallnLane = typename SmallnLaneOf<QT>::type;
 template <int QT, bool kKeep>
 __device__ __forceinline__ SmallnLane<QT> smalln_lane(int g, int t) {
-    if constexpr (is_v6(QT) || is_v7l(QT)) return Traits<QT>::template lane_offsets<kKeep>(g, t);
+    if constexpr (is_v6(QT)) return Traits<QT>::template lane_offsets<kKeep>(g, t);
     else return {};
 }
 
@@ -601,15 +467,7 @@ template <int QT, int MT>
 __device__ __forceinline__ void smalln_load(const QmmArgs& a, int64_t row0, int kb, int g, int t,
                                             typename Traits<QT>::Row (&rr)[MT][2], const SmallnLane<QT>& ln) {
     using Tr = Traits<QT>;
-    if constexpr (is_v7l(QT)) {  // Q4_K_T_V7L: as v6, one tile pointer per row tile (rows a multiple of 16)
-        const int64_t nb = a.k / QK;
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            int64_t tile = (row0 >> 4) + m;
-            if (m > 0) tile = min(tile, a.n_rows / kTileRows - 1);
-            Tr::load(a.w + (tile * nb + kb) * Tr::kTileBytes, ln, rr[m]);
-        }
-    } else if constexpr (is_v6(QT)) {
+    if constexpr (is_v6(QT)) {
         const int64_t nb = a.k / QK;
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
@@ -654,8 +512,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
     constexpr int kBuf = kSmallnSteps * NT * 32;  // uint2 per buffer
     // static where the two buffers fit in 48 KB (every n <= 32 instance), else the dynamic allocation the
     // launch sizes (smalln_smem_bytes): then the static array is a dummy of one entry
-    // v7 (is_v7): always dynamic, the fp32 slots of XStagerAsync after the two buffers
-    constexpr bool kDyn = smalln_dynamic_smem(NT) || is_v7(QT);
+    constexpr bool kDyn = smalln_dynamic_smem(NT);
     extern __shared__ uint2 xs_dyn[];
     __shared__ uint2 xs_static[kDyn ? 1 : 2][kDyn ? 1 : kBuf];
     uint2 (&xs)[2][kBuf] = *reinterpret_cast<uint2 (*)[2][kBuf]>(kDyn ? xs_dyn : &xs_static[0][0]);
@@ -674,15 +531,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
     if (row0 < a.n_rows) smalln_load<QT, MT>(a, row0, kb, g, t, rr, ln);  // weights: never written by a predecessor
     const XStager<QT, NT, W, kSplit, NT <= 4 ? 16 : 8> xst(a, warp, lane);
     pdl_wait();  // x (and y, below) may be the previous kernel's output
-    using XA = std::conditional_t<is_v7(QT), XStagerAsync<QT, NT, W>, NoXStagerAsync>;
-    const XA xa(a, warp, lane, reinterpret_cast<float4*>(xs_dyn + 2 * kBuf));  // (v7 only; nothing elsewhere)
-    if constexpr (is_v7(QT)) {
-        static_assert(!kSplit, "v7 stages in the plain loop");
-        xa.issue(kb, a.n);
-        xa.convert(a.n, xs[0]);
-    } else {
-        xst.stage(kb, a.n, xs[0]);
-    }
+    xst.stage(kb, a.n, xs[0]);
     __syncthreads();
 
     float acc[MT][NT][4];
@@ -702,12 +551,7 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
         const bool cur = row0 < a.n_rows, nxt = more && nrow0 < a.n_rows;  // warp-uniform
         // the next item's x into the other buffer: its last reads (item i-1) ended before the barrier
         // that closed the previous iteration
-        if constexpr (is_v7(QT)) {
-            // v7: the copies now, the conversion after this item (below)
-            if (more) xa.issue(nkb, a.n);
-        } else if (more) {
-            xst.stage(nkb, a.n, xs[buf ^ 1]);
-        }
+        if (more) xst.stage(nkb, a.n, xs[buf ^ 1]);
         if constexpr (kSplit) {
             // (a partial last group skips whole empty tiles)
             if (cur) smalln_item_any<QT, NT, 1>(reinterpret_cast<Tile&>(rr[0]), reinterpret_cast<TileAcc&>(acc[0]), xs[buf], lane, t);
@@ -723,9 +567,6 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
             // issued before the barrier, so they are in flight while the block waits and stages
             if (nxt) smalln_load<QT, MT>(a, nrow0, nkb, g, t, rr, ln);
         }
-        if constexpr (is_v7(QT)) {
-            if (more) xa.convert(a.n, xs[buf ^ 1]);
-        }
         if (!more) break;
         ++it;
         kb = nkb;
@@ -735,12 +576,6 @@ __global__ void __launch_bounds__(W * 32, kMinBlocks) qmm_smalln_kernel(QmmArgs 
 }
 
 // ---- launch ---------------------------------------------------------------------------------------
-
-// Dynamic shared memory of a launch: v7's buffers and fp32 slots, the two buffers where they exceed 48 KB, else 0.
-template <int QT, int NT>
-constexpr size_t smalln_launch_smem() {
-    return is_v7(QT) ? smalln_v7_smem_bytes(NT) : smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
-}
 
 // Blocks per SM and SM count, worked out once per process, device and instance.
 template <int QT, int NT, int MT, int W, int kMinBlocks, bool kSplit, typename Out>
@@ -756,20 +591,10 @@ int smalln_config(QmmConfig& out) {
         int per_sm = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
         const auto kernel = qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out>;
-        constexpr size_t smem = smalln_launch_smem<QT, NT>();
+        constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
         // over 48 KB of dynamic shared memory needs the opt-in (per device, hence here)
         if constexpr (smem > 0)
             LB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        if constexpr (is_v7(QT)) {
-            // v7's 16-64 KB a block: ask for a shared-memory carveout that holds kMinBlocks of them (rounded up by
-            // the driver to a supported one; the rest of the 256 KB stays L1, which v5's evict_first pieces use)
-            int per_sm_smem = 0;
-            LB_CUDA_TRY(cudaDeviceGetAttribute(&per_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-            const int64_t want = (int64_t)kMinBlocks * (int64_t)(smem + 1024);
-            const int pct = per_sm_smem > 0 ? (int)std::min<int64_t>(100, (100 * want + per_sm_smem - 1) / per_sm_smem)
-                                            : 100;
-            LB_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct));
-        }
         LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, W * 32, smem));
         c.grid_per_sm = std::max(per_sm, 1);
         cache[dev] = c;
@@ -800,7 +625,7 @@ int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int 
     // engine's verify gave wrong logits on the H200 while the same calls in isolation and the register
     // kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect). Its pdl_wait/pdl_trigger
     // then do nothing.
-    constexpr size_t smem = smalln_launch_smem<QT, NT>();
+    constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
     qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out><<<(unsigned)grid, W * 32, smem, stream>>>(a, out);
     LB_LAUNCH_TRY();
     return LB_OK;

@@ -34,13 +34,9 @@ using namespace lb::q;
 // 16: small-N v6 for Q6_K_T at n = 2..32 (qmm_smalln.cuh: contiguous runs, one scale decode per sub-block, one tile
 // pointer per item) in launch shape D (1×8, two blocks an SM: Q6_K_T's pre-v6 shape), B (2×4) and D with three blocks
 // an SM (see v6_launch), each at every width; every other type and width under 12..16: the shipped choice. The shipped
-// choice for Q6_K_T at n = 2..32 is v6 in the shape that measured fastest at that width (v6_shipped). 17: small-N v7
-// (qmm_smalln.cuh: x staged through cp.async, converted after the item) at n = 17..32 for Q4_K and Q4_K_T (v5's map and
-// launch shapes, both entry points) and Q6_K_T (v6 in v6_shipped's shapes); every other type and width: the shipped
-// choice. 18: v7 as 17, and for Q4_K_T its loads from one tile pointer per item and two 32-bit lane offsets
-// (Q4_K_T_V7L).
-constexpr int kSelPreV5 = 13, kSelV6D = 14, kSelV6B = 15, kSelV6D3 = 16, kSelV7 = 17, kSelV7L = 18;
-constexpr int kSelectMax = 18;
+// choice for Q6_K_T at n = 2..32 is v6 in the shape that measured fastest at that width (v6_shipped).
+constexpr int kSelPreV5 = 13, kSelV6D = 14, kSelV6B = 15, kSelV6D3 = 16;
+constexpr int kSelectMax = 16;
 
 // LUCEBOX_QMM_SMALLN_SELECT, read once when the library loads: the initial select (0 when unset; a value that is
 // not an integer in 0..kSelectMax is reported on stderr and ignored).
@@ -145,11 +141,10 @@ int wide_dispatch(int sel, const void* w, int64_t n_rows, int k, const float* x,
 // that width (B 2×4 up to 3 column tiles, D 1×8 at 4: the launch shapes measured equal on the tiled layout,
 // docs/perf.md session 8, so the A/B against select 13 changes the map only). Out: PlainOut, or lb_gemm_q_smalln_seg's
 // SegOut.
-// kExtra: kV7Flag for small-N v7 (the same map and shapes, x through cp.async).
-template <int QT, int NT, typename Out, int kExtra = 0>
+template <int QT, int NT, typename Out>
 int v5_launch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s,
               const Out& out) {
-    constexpr int QTV = QT | kV5Flag | kExtra;
+    constexpr int QTV = QT | kV5Flag;
     if constexpr (kShippedShape<QT, NT> == 1)
         return qmm_smalln_launch<QTV, NT, 2, 4, kMinBlocksB<QT, NT>, false, Out>(w, n_rows, k, x, n, y, accumulate, s,
                                                                                 out);
@@ -165,27 +160,6 @@ int v5_widths(const void* w, int64_t n_rows, int k, const float* x, int n, float
     if (n <= 16) return v5_launch<QT, 2>(w, n_rows, k, x, n, y, accumulate, s, out);
     if (n <= 24) return v5_launch<QT, 3>(w, n_rows, k, x, n, y, accumulate, s, out);
     return v5_launch<QT, 4>(w, n_rows, k, x, n, y, accumulate, s, out);
-}
-
-// small-N v7 at n = 17..32 (v5's map and launch shapes, x through cp.async); kExtra: kV7Flag, or with kV7LFlag the
-// Q4_K_T lane-offset loads.
-template <int QT, typename Out, int kExtra>
-int v7_widths(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s,
-              const Out& out) {
-    if (n <= 24) return v5_launch<QT, 3, Out, kExtra>(w, n_rows, k, x, n, y, accumulate, s, out);
-    return v5_launch<QT, 4, Out, kExtra>(w, n_rows, k, x, n, y, accumulate, s, out);
-}
-
-// v5, or under select 17 / 18 at n = 17..32 small-N v7 (18: with the lane-offset loads on Q4_K_T).
-template <int QT, typename Out>
-int v5_or_v7(int sel, const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,
-             cudaStream_t s, const Out& out) {
-    if (n > 16 && sel == kSelV7) return v7_widths<QT, Out, kV7Flag>(w, n_rows, k, x, n, y, accumulate, s, out);
-    if (n > 16 && sel == kSelV7L) {
-        constexpr int kExtra = QT == Q4_K_T ? (kV7Flag | kV7LFlag) : kV7Flag;
-        return v7_widths<QT, Out, kExtra>(w, n_rows, k, x, n, y, accumulate, s, out);
-    }
-    return v5_widths<QT>(w, n_rows, k, x, n, y, accumulate, s, out);
 }
 
 // Whether select sel sends (QT, n) to small-N v5: Q4_K and Q4_K_T at n = 2..32 under every select but 13 (the pre-v5
@@ -218,14 +192,7 @@ int v6_widths(int sel, const void* w, int64_t n_rows, int k, const float* x, int
     return v6_launch<4>(sel, w, n_rows, k, x, n, y, accumulate, s);
 }
 
-bool takes_v6(int sel, int n) { return sel >= kSelV6D && sel <= kSelV6D3 && n >= 2 && n <= 32; }
-
-// small-N v7 for Q6_K_T at n = 17..32 (select 17): v6's map in v6_shipped's shapes (B 2×4, three blocks an SM, up
-// to 24 columns; D 1×8, two blocks, above), x through cp.async.
-int v7_q6(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate, cudaStream_t s) {
-    if (n <= 24) return qmm_smalln_launch<Q6_K_T_V7, 3, 2, 4, 3>(w, n_rows, k, x, n, y, accumulate, s);
-    return qmm_smalln_launch<Q6_K_T_V7, 4, 1, 8, 2>(w, n_rows, k, x, n, y, accumulate, s);
-}
+bool takes_v6(int sel, int n) { return sel >= kSelV6D && n >= 2 && n <= 32; }
 
 // The shipped Q6_K_T kernel at n = 2..32: v6 in the launch shape that measured fastest at that width (H200, library
 // e5c7f10, `test_qmm_smalln.py --bench-v6`, ffn_down 5120×17408, µs at n = 2 / 8 / 16 / 24 / 32 for 14, 15, 16:
@@ -238,9 +205,9 @@ int smalln_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n,
                     cudaStream_t s) {
     int sel = g_select.load(std::memory_order_relaxed);
     if constexpr (QT == Q4_K) {
-        if (takes_v5<QT>(sel, n)) return v5_or_v7<QT>(sel, w, n_rows, k, x, n, y, accumulate, s, PlainOut());
+        if (takes_v5<QT>(sel, n)) return v5_widths<QT>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
     }
-    if (sel >= 12) sel = 0;  // 13 for Q4_K (the pre-v5 kernel); 12..18 for every other type: the shipped choice
+    if (sel >= 12) sel = 0;  // 13 for Q4_K (the pre-v5 kernel); 12..16 for every other type: the shipped choice
     if (sel == 0 && n > 32) sel = 8;  // shipped at n = 33..64: shape G
     if (sel >= 8) {
         if (n > 32) return wide_dispatch<QT>(sel, w, n_rows, k, x, n, y, accumulate, s);
@@ -292,19 +259,16 @@ extern "C" LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int
     int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, y);
     if (st != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    // the tiled layouts take selects 13 (the kernels shipped before session 9), 14..16 (Q6_K_T: small-N v6), 17, 18 (v7)
+    // the tiled layouts take selects 13 (the kernels shipped before session 9) and 14..16 (Q6_K_T: small-N v6) only
     const int sel = g_select.load(std::memory_order_relaxed);
     switch (qtype) {
         case Q4_K: return smalln_dispatch<Q4_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q4_K_T:
-            if (takes_v5<Q4_K_T>(sel, n))
-                return v5_or_v7<Q4_K_T>(sel, w, n_rows, k, x, n, y, accumulate, s, PlainOut());
+            if (takes_v5<Q4_K_T>(sel, n)) return v5_widths<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
             return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
         case Q5_K: return smalln_dispatch<Q5_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K: return smalln_dispatch<Q6_K>(w, n_rows, k, x, n, y, accumulate, s);
         case Q6_K_T:
-            if ((sel == kSelV7 || sel == kSelV7L) && n >= 17 && n <= 32)
-                return v7_q6(w, n_rows, k, x, n, y, accumulate, s);
             if (takes_v6(sel, n)) return v6_widths(sel, w, n_rows, k, x, n, y, accumulate, s);
             if (sel != kSelPreV5 && n >= 2 && n <= 32) return v6_widths(v6_shipped(n), w, n_rows, k, x, n, y, accumulate, s);
             return shipped_dispatch<Q6_K_T>(w, n_rows, k, x, n, y, accumulate, s, PlainOut());
@@ -353,13 +317,13 @@ extern "C" LB_API int lb_gemm_q_smalln_seg(int qtype, const void* w, int n_rows,
     const int st = qmm_check(__func__, qtype, w, n_rows, k, x, n, ys[0]);
     if (st != LB_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const int sel = g_select.load(std::memory_order_relaxed);  // 13: pre-v5, 17 / 18: v7; no other applies here
+    const int sel = g_select.load(std::memory_order_relaxed);  // 13: the pre-v5 kernel; no other select applies here
     if (qtype == Q4_K) {
-        if (takes_v5<Q4_K, true>(sel, n)) return v5_or_v7<Q4_K>(sel, w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+        if (takes_v5<Q4_K, true>(sel, n)) return v5_widths<Q4_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
         return shipped_dispatch<Q4_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
     }
     if (qtype == Q4_K_T) {
-        if (takes_v5<Q4_K_T, true>(sel, n)) return v5_or_v7<Q4_K_T>(sel, w, n_rows, k, x, n, ys[0], accumulate, s, sg);
+        if (takes_v5<Q4_K_T, true>(sel, n)) return v5_widths<Q4_K_T>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
         return shipped_dispatch<Q4_K_T>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);
     }
     return shipped_dispatch<Q5_K>(w, n_rows, k, x, n, ys[0], accumulate, s, sg);

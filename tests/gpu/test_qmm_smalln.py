@@ -8,12 +8,9 @@ Every type, odd row counts, K a multiple of 256 with an odd block count, each co
 1 (output preset to a random vector), plus shapes with several items per block (flushes mid-range, both x
 buffers, row-group wrap). Results of the stream-K atomics are compared by relative RMS error, like the others.
 Q4_K and Q4_K_T at n = 2..32 ship small-N v5 (select 0) since session 9; select 13 keeps the pre-v5 kernel, and the
-sweep covers both; selects 14..16 are small-N v6 for Q6_K_T (opt-in), in three launch shapes; selects 17 and 18 are
-small-N v7 (x staged through cp.async; Q4_K, Q4_K_T, Q6_K_T at n = 17..32; 18 with Q4_K_T's lane-offset loads), also
-checked bit for bit against select 0.
+sweep covers both; selects 14..16 are small-N v6 for Q6_K_T (opt-in), in three launch shapes.
 
-Script mode: `python tests/gpu/test_qmm_smalln.py [--bench | --bench-tiled | --bench-v5 | --bench-v6 | --bench-v7]`;
---bench-v7 prints select 17 against the shipped kernel on the verify's tiled shapes; --bench-v5
+Script mode: `python tests/gpu/test_qmm_smalln.py [--bench | --bench-tiled | --bench-v5 | --bench-v6]`; --bench-v5
 prints the shipped kernel (v5) against the pre-v5 one (select 13) on Q4_K_T / Q4_K; --bench-v6 the Q6_K_T selects 14..16
 against the shipped kernel; --bench-tiled every select that applies to the tiled layouts at the verify's n = 23; --bench
 prints n = 64 (register kernel vs each v2 shape) on the 27B shapes and n = 33..57 at ffn_down, then n = 1 vs n = 23
@@ -39,16 +36,13 @@ pytestmark = pytest.mark.gpu
 # under 10/11); 12 the shipped choice (small-N v5 while it was opt-in, session 8); 13 the pre-v5 kernel for Q4_K and
 # Q4_K_T at n = 2..32 and the pre-v6 kernel for Q6_K_T (what shipped before session 9); 14, 15, 16 "small-N v6" for
 # Q6_K_T at n = 2..32 in launch shape D 1x8, B 2x4 and D with three blocks an SM (the shipped choice takes the fastest
-# of them per width); 17 "small-N v7" (x staged through cp.async, session 10) at n = 17..32 for Q4_K, Q4_K_T (v5's
-# map, both entry points) and Q6_K_T (v6's map in the shipped shapes); 18 v7 with Q4_K_T's loads from one tile pointer
-# and two 32-bit lane offsets (otherwise 17); the shipped choice for every other type and width under 12..18
+# of them per width); the shipped choice for every other type and width under 12..16
 SELECT = {0: "shipped", 1: "register", 2: "staged A 2x8", 3: "staged B 2x4", 4: "staged C 1x16", 5: "staged D 1x8",
           6: "staged E 2x4 split", 7: "staged F 2x8 split"}
 WIDE_SELECT = {8: "v2 G 2x8", 9: "v2 H 1x16", 10: "v2 G 2x8 NT8", 11: "v2 H 1x16 NT8"}
 V5_SELECT = {12: "v5 (12)", 13: "pre-v5 (13)"}
 V6_SELECT = {14: "v6 D 1x8 (14)", 15: "v6 B 2x4 (15)", 16: "v6 D 1x8 x3 (16)"}
-V7_SELECT = {17: "v7 cp.async x (17)", 18: "v7 + lane offsets (18)"}
-SELECT_MAX = 18
+SELECT_MAX = 16
 PRE_V5 = 13
 NS = [2, 7, 9, 16, 23, 24, 31, 32]
 # n = 33..64: each NT 6 / NT 8 edge and the prefill's 64
@@ -58,7 +52,7 @@ WIDE_NS = [33, 41, 48, 57, 64]
 SHAPES = [(301, 256 * 7), (4099, 256 * 16)]
 # the 27B FFN shape: ~10 items per block, several row-group wraps per block
 MANY_ITEMS_SHAPE = (17408, 5120)
-NAMES = {**SELECT, **WIDE_SELECT, **V5_SELECT, **V6_SELECT, **V7_SELECT}
+NAMES = {**SELECT, **WIDE_SELECT, **V5_SELECT, **V6_SELECT}
 
 
 def select(which: int) -> None:
@@ -157,13 +151,13 @@ V5_NS = [2, 3, 5, 7, 8, 9, 12, 16, 17, 20, 23, 24, 25, 29, 31, 32]
 @pytest.mark.parametrize("rows,k", SHAPES + [MANY_ITEMS_SHAPE], ids=[f"N{r}-K{k}" for r, k in SHAPES + [MANY_ITEMS_SHAPE]])
 def test_v5_smalln(qt, rows, k):
     ns = V5_NS if rows * k < 10**7 else [2, 9, 23, 32]
-    check(qt, fit_rows(qt, rows), k, ns, [0, *V5_SELECT, *V7_SELECT])
+    check(qt, fit_rows(qt, rows), k, ns, [0, *V5_SELECT])
 
 
 @pytest.mark.parametrize("qt", ["Q4_K", "Q4_K_T", "Q6_K", "Q6_K_T"])
 def test_new_selects_keep_other_widths_shipped(qt):
     ns = [1, 33, 64] if qt in ("Q4_K", "Q4_K_T", "Q6_K_T") else [1, 9, 23, 33]
-    check(qt, fit_rows(qt, 301), 256 * 7, ns, [*V5_SELECT, *V6_SELECT, *V7_SELECT])
+    check(qt, fit_rows(qt, 301), 256 * 7, ns, [*V5_SELECT, *V6_SELECT])
 
 
 # The tiled Q4_K (qtype 268) runs the shipped shapes only (the launch-shape selects do not apply to it): every width
@@ -191,31 +185,7 @@ V6_SHAPES = SHAPES + [(5120, 17408), (10240, 5120)]
 def test_v6_smalln(rows, k):
     ns = V5_NS if rows * k < 10**7 else [2, 9, 23, 32]
     # 0: the shipped choice (v6 in its per-width shape since session 9), 13: the pre-v6 kernel
-    check("Q6_K_T", fit_rows("Q6_K_T", rows), k, ns, [0, PRE_V5, *V6_SELECT, *V7_SELECT])
-
-
-# small-N v7 (selects 17, 18) stages the same fp16 B fragments as v5 / v6 (only the x loads became cp.async) and keeps their
-# items, mma order and launch shapes: with one 256-block (k = 256: one item per output, one atomic add onto zeros) its
-# output must equal select 0's bit for bit at every width it takes (n = 17..32) and below (n <= 16: select 0's kernel).
-@pytest.mark.parametrize("qt", ["Q4_K", "Q4_K_T", "Q6_K_T"])
-def test_v7_bitwise(qt):
-    rows, k = fit_rows(qt, 4099), 256
-    w, _ = case(qt, rows, k)
-    for n in (9, 16, 17, 20, 23, 24, 25, 31, 32):
-        x = np.random.default_rng(700 + n).standard_normal((n, k)).astype(np.float32)
-        outs = []
-        for sel in (0, *V7_SELECT):
-            select(sel)
-            xd, yd = Dev.of(x), Dev(4 * n * rows)
-            try:
-                lib().call("lb_gemm_q_smalln", ALL_QTYPES[qt], w.ptr, rows, k, xd.ptr, n, yd.ptr, 0, None)
-                outs.append(yd.get(np.float32, n * rows))
-            finally:
-                for d in (xd, yd):
-                    d.close()
-                restore()
-        for sel, out in zip(V7_SELECT, outs[1:]):
-            assert np.array_equal(outs[0], out), f"{qt} n={n}: select {sel} differs from select 0"
+    check("Q6_K_T", fit_rows("Q6_K_T", rows), k, ns, [0, PRE_V5, *V6_SELECT])
 
 
 # lb_gemm_q_smalln_seg: one tensor's rows sent to up to four outputs (the engine's back-to-back projections at
@@ -224,13 +194,12 @@ def test_v7_bitwise(qt):
 SEGS = [(301, 256 * 7, [100, 48, 48, 105]), (4099, 256 * 16, [3000, 1099]), (17408, 5120, [6144, 48, 48, 11168])]
 
 
-# (Q4_K, Q4_K_T at n <= 32: v5 / pre-v5 / v7)
-@pytest.mark.parametrize("sel", [0, PRE_V5, 17, 18], ids=["shipped", "pre-v5", "v7", "v7-lane"])
+@pytest.mark.parametrize("sel", [0, PRE_V5], ids=["shipped", "pre-v5"])  # (Q4_K, Q4_K_T at n <= 32: v5 / pre-v5)
 @pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q4_K_T"])  # the types whose consecutive tensors are one block stream
 @pytest.mark.parametrize("rows,k,parts", SEGS, ids=[f"N{r}-{len(p)}seg" for r, _, p in SEGS])
 def test_segmented_outputs(qt, rows, k, parts, sel):
     if sel and qt == "Q5_K":
-        pytest.skip(f"select {sel} changes nothing for Q5_K")
+        pytest.skip("select 13 changes nothing for Q5_K")
     select(sel)
     try:
         segmented_case(qt, rows, k, parts)
@@ -303,8 +272,8 @@ def selected_output(sel: int) -> np.ndarray:
         restore()
 
 
-@pytest.mark.parametrize("value,expect", [(str(PRE_V5), PRE_V5), ("0", 0), ("13x", 0), ("99", 0), ("19", 0)],
-                         ids=["13", "0", "not-a-number", "out-of-range", "19"])
+@pytest.mark.parametrize("value,expect", [(str(PRE_V5), PRE_V5), ("0", 0), ("13x", 0), ("99", 0)],
+                         ids=["13", "0", "not-a-number", "out-of-range"])
 def test_env_select(value, expect, tmp_path):
     out = tmp_path / "y.npy"
     env = dict(os.environ, LUCEBOX_QMM_SMALLN_SELECT=value)
@@ -316,19 +285,7 @@ def test_env_select(value, expect, tmp_path):
     assert not np.array_equal(want, other), "v5 and pre-v5 agree bit for bit: the case cannot tell the selects apart"
     assert np.array_equal(child, want), f"LUCEBOX_QMM_SMALLN_SELECT={value}: the library did not start at {expect}"
     ignored = f"LUCEBOX_QMM_SMALLN_SELECT={value} ignored" in r.stderr
-    assert ignored == (value in ("13x", "99", "19")), r.stderr[-2000:]
-
-
-# LUCEBOX_QMM_SMALLN_SELECT=17 (v7) is accepted and gives the child what select 17 gives here (v7 equals v5 bit for
-# bit on ENV_CASE, so test_env_select's case could not tell 17 from 0: this checks the knob is read, not the kernel).
-def test_env_select_v7(tmp_path):
-    out = tmp_path / "y.npy"
-    env = dict(os.environ, LUCEBOX_QMM_SMALLN_SELECT="17")
-    r = subprocess.run([sys.executable, __file__, "--dump-env-case", str(out)], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert "ignored" not in r.stderr, r.stderr[-2000:]
-    assert np.array_equal(np.load(out), selected_output(17))
+    assert ignored == (value in ("13x", "99")), r.stderr[-2000:]
 
 
 def test_select_rejects_unknown():
@@ -413,18 +370,6 @@ def bench_v6(out=print) -> None:
     _bench_table(out, [0, *V6_SELECT], NAMES, cases, "best v6 / shipped", lambda us, one: min(us[1:]) / us[0])
 
 
-def bench_v7(out=print) -> None:
-    """small-N v7 (select 17: x staged through cp.async) against the shipped kernel (0) at the verify's n = 23 on the
-    tiled types the engine uploads (Q4_K_T: the 27B's fused gate+up, [qkv | z | beta | alpha], attn_qkv, ssm_out;
-    Q6_K_T: ffn_down, attn_qkv), and n = 17..32 at the gate+up shape; last column: v7 / shipped."""
-    shapes = [("ffn_gate+up", 34816, 5120), ("z|beta|alpha", 6240, 5120)] + BENCH_SHAPES
-    cases = [("Q4_K_T", name, r, k, 23) for name, r, k in shapes]
-    cases += [("Q4_K_T", "ffn_gate+up", 34816, 5120, n) for n in (17, 24, 25, 32)]
-    cases += [("Q6_K_T", name, r, k, 23) for name, r, k in V6_BENCH_SHAPES]
-    cases += [("Q6_K_T", "ffn_down", 5120, 17408, n) for n in (17, 24, 25, 32)]
-    _bench_table(out, [0, *V7_SELECT], NAMES, cases, "best v7 / shipped", lambda us, one: min(us[1:]) / us[0])
-
-
 WIDE_BENCH_SHAPES = BENCH_SHAPES + [("attn_gate/q", 6144, 5120)]
 
 
@@ -451,9 +396,9 @@ def _main(argv: list[str]) -> int:
                     check(qt, rows, k, NS, [*SELECT, *V5_SELECT])
                     check(qt, rows, k, WIDE_NS, [0, 1, *WIDE_SELECT])
                     if qt == "Q4_K":
-                        check("Q4_K_T", fit_rows("Q4_K_T", rows), k, V5_NS, [0, *V5_SELECT, *V7_SELECT])
+                        check("Q4_K_T", fit_rows("Q4_K_T", rows), k, V5_NS, [0, *V5_SELECT])
                     if qt == "Q6_K":
-                        check("Q6_K_T", fit_rows("Q6_K_T", rows), k, V5_NS, [0, *V6_SELECT, *V7_SELECT])
+                        check("Q6_K_T", fit_rows("Q6_K_T", rows), k, V5_NS, [0, *V6_SELECT])
                     print(f"PASS {qt} N{rows} K{k}", flush=True)
                 except AssertionError as exc:
                     failed += 1
@@ -463,9 +408,6 @@ def _main(argv: list[str]) -> int:
         return 0
     if "--bench-v6" in argv:
         bench_v6()
-        return 0
-    if "--bench-v7" in argv:
-        bench_v7()
         return 0
     if "--bench-tiled" in argv:
         bench_tiled()
