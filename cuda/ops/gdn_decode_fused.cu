@@ -45,8 +45,7 @@
 // process) for A/B.
 //
 // Launch: programmatic dependent launch where lb_pdl's switch is on (lb_pdl.cuh contract: weights
-// before pdl_wait, everything a predecessor writes after it; every thread waits). The recurrent state and
-// the old conv taps are read before the wait too: no kernel this one can overlap writes them.
+// before pdl_wait, everything a predecessor writes after it; every thread waits).
 #include <cooperative_groups.h>
 
 #include <cstdlib>
@@ -114,10 +113,9 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     float sa = 0.f, db = 0.f;
     if (ab_m >= 0 && ab_m < r) sa = ssm_a[kh + ab_m * hk], db = dt_bias[kh + ab_m * hk];
     const float4 nw = y_role ? *reinterpret_cast<const float4*>(norm_w + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
-    // Before the wait as well: the state slice (the longest latency) and the old conv taps. Their only
-    // writer in a decode step is this layer's own kernel of the previous step (or the prefill / commit
-    // before it), an earlier graph launch or earlier stream work, never a kernel this one may overlap
-    // under PDL; the new conv input (pre) and alpha / beta come from the GEMVs just before, after the wait.
+    lb::pdl_wait();
+
+    // The state slice first: the longest latency, in flight while the conv runs.
     const int cq = lane & 1, rg = lane >> 1;
     const int sm_m = warp >> 1, p = kh + sm_m * hk;  // this warp's value head
     const int wc = (warp & 1) * DELTA_WCOLS + 4 * cq, col = c0 + wc;
@@ -129,8 +127,7 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
         const float4 x = *reinterpret_cast<const float4*>(st + (size_t)(r0 + mm) * D + col);
         S[mm][0] = x.x, S[mm][1] = x.y, S[mm][2] = x.z, S[mm][3] = x.w;
     }
-    // Old windows (taps 0..2 of the conv state; tap 3, the new input, after the wait) of this thread's
-    // q / k and v channels.
+    // Old windows (taps 0..2 of the conv state, the new input) of this thread's q / k and v channels.
     float xq[QK_PER_WARP][KCONV];
 #pragma unroll
     for (int u = 0; u < QK_PER_WARP; ++u) {
@@ -139,21 +136,15 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
             const int ch = qk_channel(i);
 #pragma unroll
             for (int t = 0; t < KCONV - 1; ++t) xq[u][t] = conv_state[(size_t)t * C + ch];
+            xq[u][KCONV - 1] = pre[ch];
         }
     }
     float xv[KCONV] = {0.f, 0.f, 0.f, 0.f};
     if (v_role) {
 #pragma unroll
         for (int t = 0; t < KCONV - 1; ++t) xv[t] = conv_state[(size_t)t * C + v_ch];
+        xv[KCONV - 1] = pre[v_ch];
     }
-    lb::pdl_wait();
-
-#pragma unroll
-    for (int u = 0; u < QK_PER_WARP; ++u) {
-        const int i = warp + u * nwarps;
-        if (i < QK_CHUNKS) xq[u][KCONV - 1] = pre[qk_channel(i)];
-    }
-    if (v_role) xv[KCONV - 1] = pre[v_ch];
     float av = 0.f, bv = 0.f;
     if (ab_m >= 0 && ab_m < r) av = a[kh + ab_m * hk], bv = b[kh + ab_m * hk];
     const float4 zz = y_role ? *reinterpret_cast<const float4*>(z + (size_t)yp * D + 4 * lane)  // z: ld Hv·128
