@@ -16,17 +16,14 @@
 // On sm_86 (no griddepcontrol) both calls compile to nothing and launch_pdl() launches without the
 // attribute.
 //
-// STATUS: off by default, an experiment (lb_set_pdl(1) or LUCEBOX_PDL=1 turns it on). Measured on the H200
-// (docs/perf.md, "27B launch overhead"): with the trigger at the top of every kernel the 27B step got
-// slower, not faster (dependents parked on the SMs while their predecessors drained), and with PDL on the
-// engine's verify through the staged small-N kernel gave wrong logits, which is why that kernel now launches
-// the classic way. Suspected, not shown: activations read through the non-coherent path (__ldg,
-// const __restrict__), whose contract is "read-only for the kernel's lifetime" — under PDL a kernel lives
-// while its predecessor still writes them. Tried in session 4 (777e144, reverted): the matrix kernels
-// triggering at each block's last item and the small-N kernel staging x with ld.global.cg and launching
-// with PDL: still 60 vs 94 tok/s and the on/off check (LUCEBOX_TEST_PDL=1) still failing, so neither is the
-// cause; what is left untried is the small kernels' top triggers and their `const __restrict__` reads.
-// With CUDA graphs the launch gaps PDL was meant to hide are ~0.4 µs (docs/perf.md "27B launch overhead").
+// STATUS (session 10): on for the 27B decode-step CUDA graph only (DFlashTargetEngine.step_pdl: +8.5% tg128,
+// docs/perf.md "PDL, third try"); LUCEBOX_PDL=0 never, =1 every launch of the process. The verify graph, the
+// prefill and un-graphed calls launch classic (no gain measured). Rule 1 is literal: in session 10 a decode
+// DeltaNet kernel that loaded its recurrent state before pdl_wait (state written only by that layer's kernel of
+// the previous step) broke the decode step under PDL (docs/perf.md "A decode step under PDL"): only constants
+// (weights) before the wait. Earlier history: sessions 3-4 measured PDL without graphs slower (dependents parked
+// on the SMs while their predecessors drained), and its on/off check's "wrong results" were the engine's own
+// run-to-run noise (stream-K atomics), shown in session 9.
 #pragma once
 
 #include <cuda_runtime.h>
