@@ -27,6 +27,11 @@ int gemm_bf16_prepare();
 size_t gemm_cublas_scratch_bytes(int M, int N, int epi, bool split_x);
 int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi, bool split_x,
                 float* scratch, cudaStream_t s);
+// EPI_RESID into h [M, 1024] followed by the next layer part's RMSNorm: xb = rmsnorm_bf16(h, norm_w) as split bf16
+// [2][M, 1024], in one epilogue kernel (one block a row) with the same bits as gemm_cublas(EPI_RESID) then
+// rmsnorm_bf16. N must be 1024; scratch as gemm_cublas_scratch_bytes(M, 1024, EPI_RESID, split_x). An lb_status.
+int gemm_cublas_resid_norm(const uint16_t* X, const uint16_t* W, float* h, const float* norm_w, uint16_t* xb, int M,
+                           int N, int K, float eps, bool split_x, float* scratch, cudaStream_t s);
 
 // ---- deltanet_chunked.cu ---- (dk = dv = 128, chunk 64, everything fp32)
 constexpr int DN_D = 128;
