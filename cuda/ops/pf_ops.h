@@ -56,7 +56,8 @@ int dn_chunked_norm(const float* q, const float* k, const float* v, const float*
 // One DeltaNet layer of the 0.8B prefill after its in-projection y [T, ldy] = [q | k | v | z | beta | alpha]: conv
 // (history from and then into `ring`, as dn_conv_prep / dn_ring_write), the chunked rule on state, the gated norm
 // into xb. The tensor-core path does the conv in its prep kernel (q and v written to q, v; k, g, beta, o unused);
-// the fp32 path runs dn_conv_prep, dn_ring_write, dn_chunked and dn_gated_norm through q, k, v, g, beta, o.
+// the fp32 path runs dn_conv_prep, dn_ring_write, dn_chunked and dn_gated_norm through q, k, v, g, beta, o. The
+// tensor-core path's output kernel also does the ring write (dn::Out::ring): three launches.
 int dn_layer(const float* y, int ldy, float* ring, const float* conv_w, const float* ssm_a, const float* dt_bias,
              const float* norm, float* state, float* q, float* k, float* v, float* g, float* beta, float* o,
              uint16_t* xb, void* scratch, int T, int pos0, float eps, cudaStream_t s);

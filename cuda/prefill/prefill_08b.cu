@@ -145,7 +145,7 @@ int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0, bool xb_ready
     if (!L.is_attn) {
         LB_TRY(gemm(P, P->xb, L.w_in, P->y, T, mk::DN_IN, mk::HID, pf::EPI_F32));
         // conv (ring in and out), the chunked rule, the gated norm into xb: on the tensor-core path three kernels
-        // (the conv inside the chunk prep, the norm inside the chunk output) and the ring write
+        // (the conv inside the chunk prep; the norm and the ring write inside the chunk output)
         PF_TRY(pf::dn_layer(P->y, mk::DN_IN, L.conv_state, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm, L.S, P->q, P->k,
                             P->v, P->g, P->beta, P->o, P->xb, P->dn_scr, T, pos0, eps, s));
     } else {
