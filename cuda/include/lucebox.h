@@ -114,6 +114,14 @@ LB_API int lb_gemm_bf16(const void* x, const void* w, void* y, int m, int n, int
  * epilogue as gemm_bf16 does. y 16-byte aligned. A test entry: it makes a cuBLAS handle and scratch per
  * call and blocks until done (the prefill keeps both in its context). */
 LB_API int lb_gemm_bf16_cublas(const void* x, const void* w, void* y, int m, int n, int k, int epilogue, void* stream);
+/* The cuBLAS path's residual epilogue with the next RMSNorm inside it (the 0.8B prefill's fused step): h fp32
+ * [m, 1024] += x · wᵀ (x split bf16 [2, m, k] when split_x, else [m, k]; w bf16 [1024, k]), then xb bf16 [2, m, 1024]
+ * = rmsnorm(h) * norm_w as a split pair. The same bits as lb_gemm_bf16_cublas(LB_GEMM_RESID) followed by
+ * lb_pf_rmsnorm_bf16. A test entry: blocks until done. */
+LB_API int lb_gemm_bf16_cublas_resid_norm(const void* x, const void* w, void* h, const void* norm_w, void* xb, int m,
+                                          int k, int split_x, float eps, void* stream);
+/* The prefill's RMSNorm: xb bf16 [2, t, 1024] = h[t, :] * rsqrt(mean(h²) + eps) * w as a split pair (hi, lo). */
+LB_API int lb_pf_rmsnorm_bf16(const void* h, const void* w, void* xb, int t, float eps, void* stream);
 
 /* Device scratch bytes lb_deltanet_chunked needs for t tokens and h heads (0 for bad sizes). */
 LB_API uint64_t lb_deltanet_chunked_scratch_bytes(int t, int h);

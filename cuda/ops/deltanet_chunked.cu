@@ -343,11 +343,14 @@ int dn_layer(const float* y, int ldy, float* ring, const float* conv_w, const fl
     cv.dt_bias = dt_bias;
     cv.q = q;
     cv.v = v;
-    if ((e = dn::tc_run(head_major(q, k, v, g, beta, T, NH), &cv, state, true, gated_xb(xb, z, ldy, norm, eps), scratch,
-                        T, NH, s)) != (int)cudaSuccess)
-        return e;
-    // after the prep kernel has read the history
-    return dn_ring_write(y, ldy, ring, T, pos0, s);
+    // the ring's update inside the output kernel, after the prep kernel has read the history (dn_ring_write's copy)
+    dn::Out out = gated_xb(xb, z, ldy, norm, eps);
+    out.ring = ring;
+    out.ring_pre = y;
+    out.ring_ld = ldy;
+    out.ring_c = C_QKV;
+    out.ring_pos0 = pos0;
+    return dn::tc_run(head_major(q, k, v, g, beta, T, NH), &cv, state, true, out, scratch, T, NH, s);
 }
 
 int dn_conv_prep(const float* y, int ldy, const float* ring, const float* conv_w, const float* ssm_a,

@@ -90,6 +90,13 @@ struct Out {
     int ldz;
     const float* norm;
     float eps;
+    // Optional (ring != null): the conv history's update, done by the output kernel (it runs after the prep kernel
+    // has read the history; the same copy as dn_ring_write, one launch fewer): ring slot (ring_pos0 + t) & 3 of
+    // ring_c channels <- ring_pre[t · ring_ld + 0 .. ring_c) for the last min(T, 4) rows.
+    float* ring;
+    const float* ring_pre;
+    long long ring_ld;
+    int ring_c, ring_pos0;
 };
 
 // Scratch per (head, chunk) unit, each region 256-byte aligned (deltanet_tc.cu has the fragment orders):

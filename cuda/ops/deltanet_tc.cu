@@ -18,7 +18,8 @@
 //     the warps sharing a 16-row m-tile); W and K̃ tiles stream in by cp.async a chunk ahead. It writes each
 //     chunk's start state and V_new as ready-made A fragments for:
 //  3. tc_output, one block per (chunk, head): oᵀ = Sᵀ (q e^cum)ᵀ + V_newᵀ Aqkᵀ for all 128 dv columns (causal
-//     blocks only), then o, or the gated RMSNorm over dv fused in (y fp32, or the 0.8B's split bf16 pair).
+//     blocks only), then o, or the gated RMSNorm over dv fused in (y fp32, or the 0.8B's split bf16 pair); on the
+//     0.8B's layer path (Out::ring) it also copies the last 4 pre-conv rows into the conv ring.
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -253,6 +254,13 @@ __global__ void __launch_bounds__(NT, 2) tc_output(const In in, const TcScratch 
     const int t0 = c * CH, L = min(CH, T - t0);
     const size_t unit = (size_t)h * nch + c;
 
+    if (out.ring) {  // the conv ring's update (Out::ring), spread over the whole grid
+        const int nr = min(T, 4), C = out.ring_c, nb = nch * gridDim.y;
+        for (int idx = (h * nch + c) * NT + tid; idx < nr * C; idx += nb * NT) {
+            const int t = T - nr + idx / C, ch = idx % C;
+            out.ring[(size_t)((out.ring_pos0 + t) & 3) * C + ch] = out.ring_pre[(size_t)t * out.ring_ld + ch];
+        }
+    }
     {
         const uint16_t* src = sc.aqk + unit * AQ_N;
         static_assert(2 * CH * (CH / 8) % NT == 0, "whole rounds");

@@ -62,6 +62,35 @@ __global__ void __launch_bounds__(EPI_THREADS) epilogue_kernel(const float* __re
     }
 }
 
+// EPI_RESID followed by the next RMSNorm (N = 1024: one 256-thread block a row, so the norm sees the whole row):
+// h[row] += hi + lo exactly as epilogue_kernel<EPI_RESID> does (the halves summed first, then the residual), then
+// xb = rmsnorm_bf16 of the new row through the same device function as pf_small.cu's kernel: the same bits as
+// the two launches it replaces.
+template <int PARTS>
+__global__ void __launch_bounds__(256) resid_norm_kernel(const float* __restrict__ S, float* __restrict__ h,
+                                                         const float* __restrict__ nw, uint16_t* __restrict__ xb,
+                                                         int M, float eps) {
+    constexpr int N = 1024;
+    __shared__ float red[8];
+    const int row = blockIdx.x, col = threadIdx.x * 4;
+    float4 v = __ldg(reinterpret_cast<const float4*>(S + (size_t)row * N + col));
+    if (PARTS == 2) {
+        const float4 w = __ldg(reinterpret_cast<const float4*>(S + ((size_t)M + row) * N + col));
+        v.x += w.x;
+        v.y += w.y;
+        v.z += w.z;
+        v.w += w.w;
+    }
+    float4* p = reinterpret_cast<float4*>(h + (size_t)row * N + col);
+    const float4 o = *p;
+    v.x += o.x;
+    v.y += o.y;
+    v.z += o.z;
+    v.w += o.w;
+    *p = v;
+    rmsnorm_row_split(v, nw, xb, row, M, eps, red);
+}
+
 template <int PARTS>
 void launch_epilogue(const float* S, void* Y, int M, int N, int epi, cudaStream_t s) {
     const long long n = (long long)M * (N / 4);
@@ -91,6 +120,19 @@ int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int
     return LB_OK;
 }
 
+int gemm_cublas_resid_norm(const uint16_t* X, const uint16_t* W, float* h, const float* norm_w, uint16_t* xb, int M,
+                           int N, int K, float eps, bool split_x, float* scratch, cudaStream_t s) {
+    if (N != 1024) return lb::set_error(LB_ERR_INVALID_ARG, "gemm_cublas_resid_norm: N must be 1024, not %d", N);
+    const int cols = (split_x ? 2 : 1) * M;
+    const int st = lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, N, cols, K, 1.0f, W, lb::blas::kR16BF, K, X,
+                                     lb::blas::kR16BF, K, 0.0f, scratch, lb::blas::kR32F, N, s);
+    if (st != LB_OK) return st;
+    if (split_x) resid_norm_kernel<2><<<M, 256, 0, s>>>(scratch, h, norm_w, xb, M, eps);
+    else resid_norm_kernel<1><<<M, 256, 0, s>>>(scratch, h, norm_w, xb, M, eps);
+    LB_LAUNCH_TRY();
+    return LB_OK;
+}
+
 }  // namespace pf
 
 extern "C" LB_API int lb_gemm_bf16_cublas(const void* x, const void* w, void* y, int m, int n, int k, int epilogue,
@@ -112,6 +154,30 @@ extern "C" LB_API int lb_gemm_bf16_cublas(const void* x, const void* w, void* y,
     if (e == cudaSuccess) {
         st = pf::gemm_cublas(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w), y, m, n, k, epi,
                              split, scratch, s);
+        what = "cudaStreamSynchronize";
+        e = cudaStreamSynchronize(s);
+    }
+    cudaFree(scratch);
+    if (st != LB_OK) return st;
+    if (e != cudaSuccess) return lb::set_cuda_error(e, what, __FILE__, __LINE__);
+    return LB_OK;
+}
+
+extern "C" LB_API int lb_gemm_bf16_cublas_resid_norm(const void* x, const void* w, void* h, const void* norm_w, void* xb,
+                                                     int m, int k, int split_x, float eps, void* stream) {
+    LB_CHECK_ARG(x && w && h && norm_w && xb, "null pointer");
+    LB_CHECK_ARG(m >= 1 && k >= 32 && k % 32 == 0, "bad shape");
+    LB_CHECK_ARG((((uintptr_t)h | (uintptr_t)norm_w | (uintptr_t)xb) & 15) == 0, "h, norm_w, xb must be 16-byte aligned");
+    int st = lb::blas::check();
+    if (st != LB_OK) return st;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    float* scratch = nullptr;
+    const char* what = "cudaMalloc (scratch)";
+    cudaError_t e = cudaMalloc(&scratch, pf::gemm_cublas_scratch_bytes(m, 1024, pf::EPI_RESID, split_x != 0));
+    if (e == cudaSuccess) {
+        st = pf::gemm_cublas_resid_norm(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w),
+                                        static_cast<float*>(h), static_cast<const float*>(norm_w),
+                                        static_cast<uint16_t*>(xb), m, 1024, k, eps, split_x != 0, scratch, s);
         what = "cudaStreamSynchronize";
         e = cudaStreamSynchronize(s);
     }

@@ -35,6 +35,24 @@ __device__ __forceinline__ void split_bf2(float x0, float x1, uint32_t& hi, uint
     lo = pack_bf2(x0 - bf_lo(hi), x1 - bf_hi(hi));
 }
 
+// RMSNorm of one 1024-wide row held by a block of 256 threads, 4 values a thread (thread i: columns 4i .. 4i+3),
+// into the split bf16 GEMM input xb [2][T, 1024]: hi at row t, lo at row T + t. One source for rmsnorm_bf16_kernel
+// (pf_small.cu) and the cuBLAS path's EPI_RESID_NORM epilogue (gemm_cublas.cu), so both round the same way.
+// red: 8 floats of shared memory.
+__device__ __forceinline__ void rmsnorm_row_split(const float4 x, const float* __restrict__ w, uint16_t* __restrict__ xb,
+                                                  int t, int T, float eps, float* red) {
+    constexpr int HID = 1024;
+    const int i = threadIdx.x * 4;
+    const float ss = lb::block_sum<256>(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w, red);
+    const float r = rsqrtf(ss / HID + eps);
+    const float4 g = *reinterpret_cast<const float4*>(w + i);
+    uint2 hi, lo;
+    split_bf2(x.x * r * g.x, x.y * r * g.y, hi.x, lo.x);
+    split_bf2(x.z * r * g.z, x.w * r * g.w, hi.y, lo.y);
+    *reinterpret_cast<uint2*>(xb + (size_t)t * HID + i) = hi;
+    *reinterpret_cast<uint2*>(xb + ((size_t)T + t) * HID + i) = lo;
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
 

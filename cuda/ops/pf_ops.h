@@ -27,6 +27,11 @@ int gemm_bf16_prepare();
 size_t gemm_cublas_scratch_bytes(int M, int N, int epi, bool split_x);
 int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi, bool split_x,
                 float* scratch, cudaStream_t s);
+// EPI_RESID into h [M, 1024] followed by the next layer part's RMSNorm: xb = rmsnorm_bf16(h, norm_w) as split bf16
+// [2][M, 1024], in one epilogue kernel (one block a row) with the same bits as gemm_cublas(EPI_RESID) then
+// rmsnorm_bf16. N must be 1024; scratch as gemm_cublas_scratch_bytes(M, 1024, EPI_RESID, split_x). An lb_status.
+int gemm_cublas_resid_norm(const uint16_t* X, const uint16_t* W, float* h, const float* norm_w, uint16_t* xb, int M,
+                           int N, int K, float eps, bool split_x, float* scratch, cudaStream_t s);
 
 // ---- deltanet_chunked.cu ---- (dk = dv = 128, chunk 64, everything fp32)
 constexpr int DN_D = 128;
@@ -51,7 +56,8 @@ int dn_chunked_norm(const float* q, const float* k, const float* v, const float*
 // One DeltaNet layer of the 0.8B prefill after its in-projection y [T, ldy] = [q | k | v | z | beta | alpha]: conv
 // (history from and then into `ring`, as dn_conv_prep / dn_ring_write), the chunked rule on state, the gated norm
 // into xb. The tensor-core path does the conv in its prep kernel (q and v written to q, v; k, g, beta, o unused);
-// the fp32 path runs dn_conv_prep, dn_ring_write, dn_chunked and dn_gated_norm through q, k, v, g, beta, o.
+// the fp32 path runs dn_conv_prep, dn_ring_write, dn_chunked and dn_gated_norm through q, k, v, g, beta, o. The
+// tensor-core path's output kernel also does the ring write (dn::Out::ring): three launches.
 int dn_layer(const float* y, int ldy, float* ring, const float* conv_w, const float* ssm_a, const float* dt_bias,
              const float* norm, float* state, float* q, float* k, float* v, float* g, float* beta, float* o,
              uint16_t* xb, void* scratch, int T, int pos0, float eps, cudaStream_t s);

@@ -1,6 +1,7 @@
 // Small prefill kernels: embedding gather, RMSNorm into split-bf16 GEMM inputs, and the LM head of the last
 // position (a GEMV over the tied embedding with block argmax partials) plus the final argmax.
 #include "lb_check.cuh"
+#include "lucebox.h"
 #include "pf_common.cuh"
 #include "pf_ops.h"
 
@@ -22,20 +23,13 @@ __global__ void embed_gather_kernel(const uint16_t* __restrict__ E, const int32_
     dst[1] = make_float4(bf_lo(w.z), bf_hi(w.z), bf_lo(w.w), bf_hi(w.w));
 }
 
+// split bf16: the hi part, then the lo part gridDim.x (= T) rows later
 __global__ void __launch_bounds__(256) rmsnorm_bf16_kernel(const float* __restrict__ h, const float* __restrict__ w,
                                                            uint16_t* __restrict__ xb, float eps) {
     __shared__ float red[8];
     const int t = blockIdx.x, i = threadIdx.x * 4;
     const float4 x = *reinterpret_cast<const float4*>(h + (size_t)t * HID + i);
-    const float ss = lb::block_sum<256>(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w, red);
-    const float r = rsqrtf(ss / HID + eps);
-    const float4 g = *reinterpret_cast<const float4*>(w + i);
-    // split bf16: the hi part, then the lo part gridDim.x (= T) rows later
-    uint2 hi, lo;
-    split_bf2(x.x * r * g.x, x.y * r * g.y, hi.x, lo.x);
-    split_bf2(x.z * r * g.z, x.w * r * g.w, hi.y, lo.y);
-    *reinterpret_cast<uint2*>(xb + (size_t)t * HID + i) = hi;
-    *reinterpret_cast<uint2*>(xb + ((size_t)gridDim.x + t) * HID + i) = lo;
+    rmsnorm_row_split(x, w, xb, t, (int)gridDim.x, eps, red);
 }
 
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
@@ -185,3 +179,11 @@ int argmax_reduce(const float* part_val, const int* part_idx, int n_part, int* o
 }
 
 }  // namespace pf
+
+extern "C" LB_API int lb_pf_rmsnorm_bf16(const void* h, const void* w, void* xb, int t, float eps, void* stream) {
+    LB_CHECK_ARG(h && w && xb, "null pointer");
+    LB_CHECK_ARG(t >= 1, "t must be at least 1");
+    LB_CUDA_TRY((cudaError_t)pf::rmsnorm_bf16(static_cast<const float*>(h), static_cast<const float*>(w),
+                                              static_cast<uint16_t*>(xb), t, 1024, eps, static_cast<cudaStream_t>(stream)));
+    return LB_OK;
+}

@@ -11,13 +11,17 @@
 // Per layer: RMSNorm -> in-proj GEMM (fp32 out) -> DeltaNet (conv, chunked rule, gated norm: pf::dn_layer) or
 // attention (prep into the cache, then causal attention on the 27B's tensor-core kernel, pf::attn_tc; the
 // fp32 pf::attn_flash under LUCEBOX_ATTN_PREFILL=fp32, fixed when the context is made, lb_mk_prefill_attn)
-// -> out-proj GEMM + residual -> RMSNorm -> gate/up GEMM with SwiGLU -> down GEMM + residual. GEMM inputs
+// -> out-proj GEMM + residual -> RMSNorm -> gate/up GEMM with SwiGLU -> down GEMM + residual (on the cuBLAS path
+// each RMSNorm after the first runs inside the residual epilogue before it, pf::gemm_cublas_resid_norm, the same
+// bits; LUCEBOX_PREFILL_NORM=separate, read when the context is made, keeps them separate kernels). GEMM inputs
 // are split bf16 (x ≈ hi + lo, two MMAs each: plain bf16 activations moved the 24-layer logits by ~2.6%),
 // accumulation and everything between GEMMs is fp32.
 // The GEMMs run on our own kernel (cuda/ops/gemm_bf16.cu) or, chosen once when the context is made, on a
 // cuBLAS loaded at run time (cuda/ops/gemm_cublas.cu: one GEMM over both split halves into fp32 scratch,
 // then the same epilogues); lb_mk_prefill_gemm says which.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "../megakernel/mk_handle.h"
@@ -52,7 +56,11 @@ struct Prefill {
     float* gemm_scr = nullptr;  // cuBLAS path: fp32 [2][Tm, GEMM_ROWS_MAX], both halves of a split GEMM
     bool attn_tc = true;        // attention on the tensor cores (pf::attn_tc), else pf::attn_flash; fixed at creation
     void* attn_part = nullptr;  // tensor cores: the key splits' partials, 2 Tm (split, token) rows
+    bool fuse_norm = true;      // cuBLAS path: RMSNorms inside the residual epilogues (LUCEBOX_PREFILL_NORM=separate: not)
 };
+
+// Whether the residual epilogues also write the next RMSNorm (only the cuBLAS path has a row-wide epilogue).
+bool fused_norms(const Prefill* P) { return P->gemm == LB_PREFILL_GEMM_CUBLAS && P->fuse_norm; }
 
 // The most output rows of one prefill GEMM (W rows): the DeltaNet in-projection.
 constexpr int GEMM_ROWS_MAX = std::max(std::max(mk::DN_IN, mk::AT_IN), std::max(2 * mk::FFN, mk::HID));
@@ -114,15 +122,30 @@ int gemm(Prefill* P, const uint16_t* X, const uint16_t* W, void* Y, int T, int N
     return LB_OK;
 }
 
-int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0) {
+// h += X · Wᵀ (X split, N = 1024), then, when norm is not null, xb = RMSNorm(h, norm) for the next GEMM. On the
+// cuBLAS path one epilogue kernel does both (pf::gemm_cublas_resid_norm: the same bits as the two steps); our GEMM adds
+// the residual inside its own epilogue, per output tile, so the norm (it needs the whole row) stays a kernel there.
+int gemm_resid_norm(Prefill* P, const uint16_t* X, const uint16_t* W, int T, int K, const float* norm) {
+    const cudaStream_t s = P->H->stream;
+    if (norm && fused_norms(P))
+        return pf::gemm_cublas_resid_norm(X, W, P->h, norm, P->xb, T, mk::HID, K, P->H->cfg.rms_eps, true, P->gemm_scr,
+                                          s);
+    LB_TRY(gemm(P, X, W, P->h, T, mk::HID, K, pf::EPI_RESID));
+    if (norm) PF_TRY(pf::rmsnorm_bf16(P->h, norm, P->xb, T, mk::HID, P->H->cfg.rms_eps, s));
+    return LB_OK;
+}
+
+// One layer. xb_ready: the previous layer's last epilogue already left RMSNorm(h, L.norm1) in xb; next_norm: the
+// next layer's norm1, applied by this layer's last epilogue (nullptr for the last layer: the LM head norms itself).
+int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0, bool xb_ready, const float* next_norm) {
     mk::Handle* H = P->H;
     const cudaStream_t s = H->stream;
     const float eps = H->cfg.rms_eps;
-    PF_TRY(pf::rmsnorm_bf16(P->h, L.norm1, P->xb, T, mk::HID, eps, s));
+    if (!xb_ready) PF_TRY(pf::rmsnorm_bf16(P->h, L.norm1, P->xb, T, mk::HID, eps, s));
     if (!L.is_attn) {
         LB_TRY(gemm(P, P->xb, L.w_in, P->y, T, mk::DN_IN, mk::HID, pf::EPI_F32));
         // conv (ring in and out), the chunked rule, the gated norm into xb: on the tensor-core path three kernels
-        // (the conv inside the chunk prep, the norm inside the chunk output) and the ring write
+        // (the conv inside the chunk prep; the norm and the ring write inside the chunk output)
         PF_TRY(pf::dn_layer(P->y, mk::DN_IN, L.conv_state, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm, L.S, P->q, P->k,
                             P->v, P->g, P->beta, P->o, P->xb, P->dn_scr, T, pos0, eps, s));
     } else {
@@ -138,10 +161,9 @@ int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0) {
             PF_TRY(pf::attn_flash(P->q, L.kc, L.vc, P->y + mk::AT_D, mk::AT_IN, 2 * mk::AT_D, P->xb, T, pos0,
                                   mk::AT_HQ, mk::AT_HKV, mc, s));
     }
-    LB_TRY(gemm(P, P->xb, L.w_out, P->h, T, mk::HID, mk::DN_Z, pf::EPI_RESID));
-    PF_TRY(pf::rmsnorm_bf16(P->h, L.norm2, P->xb, T, mk::HID, eps, s));
+    LB_TRY(gemm_resid_norm(P, P->xb, L.w_out, T, mk::DN_Z, L.norm2));
     LB_TRY(gemm(P, P->xb, L.w_gu, P->act, T, mk::FFN, mk::HID, pf::EPI_SWIGLU));
-    LB_TRY(gemm(P, P->act, L.w_down, P->h, T, mk::HID, mk::FFN, pf::EPI_RESID));
+    LB_TRY(gemm_resid_norm(P, P->act, L.w_down, T, mk::FFN, next_norm));
     return LB_OK;
 }
 
@@ -150,8 +172,11 @@ int segment(Prefill* P, const int32_t* tokens, int T, int pos0) {
     mk::Handle* H = P->H;
     LB_CUDA_TRY(cudaMemcpyAsync(P->tok, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, H->stream));
     PF_TRY(pf::embed_gather(H->wblob, P->tok, P->h, T, mk::HID, H->stream));
+    // on the cuBLAS path each layer's down-projection epilogue also writes the next layer's normed input
+    const bool fused = fused_norms(P);
     for (int l = 0; l < H->cfg.n_layers; ++l) {
-        const int st = layer_forward(P, H->layers[l], T, pos0);
+        const float* next_norm = fused && l + 1 < H->cfg.n_layers ? H->layers[l + 1].norm1 : nullptr;
+        const int st = layer_forward(P, H->layers[l], T, pos0, fused && l > 0, next_norm);
         if (st != LB_OK) return st;
     }
     return LB_OK;
@@ -185,6 +210,10 @@ extern "C" LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, in
     P->max_chunk = max_chunk > 0 ? max_chunk : 2048;
     P->n_part = pf::lm_head_max_parts(H->cfg.vocab);
     P->attn_tc = attn::prefill_on_tensor_cores();
+    {  // read per context (not once a process), so one process can compare both
+        const char* e = std::getenv("LUCEBOX_PREFILL_NORM");
+        P->fuse_norm = !(e && std::strcmp(e, "separate") == 0);
+    }
     int st = LB_OK;
     auto fail = [&](int status) {
         cudaFree(P->blob);

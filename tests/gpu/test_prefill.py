@@ -222,6 +222,38 @@ def test_gemm_bf16_cublas_refuses_bad_shapes(cublas_lib, torch):
     assert cublas_lib.fn.lb_gemm_bf16_cublas(ptr(d), ptr(d), ptr(d, 4), 4, 16, 32, S, None) == 1  # y alignment
 
 
+@pytest.mark.parametrize("m,k,split", [(1, 2048, 1), (37, 3584, 1), (520, 2048, 1), (520, 3584, 1), (129, 1024, 0)])
+def test_gemm_bf16_cublas_resid_norm(cublas_lib, torch, m, k, split):
+    """The fused residual + RMSNorm epilogue (the cuBLAS prefill's step after the out- and down-projections): the same
+    bits as lb_gemm_bf16_cublas(RESID) then lb_pf_rmsnorm_bf16, and both outputs against float64."""
+    lib, eps = cublas_lib, 1e-6
+    flags = GEMM_RESID | (S if split else 0)
+    xbits, w, ref, y0 = _gemm_case(m * 13 + k + flags, m, 1024, k, flags)
+    nw = (1.0 + 0.1 * np.random.default_rng(m + k).standard_normal(1024)).astype(np.float32)
+    dx, dw, dnw = dev(torch, xbits), dev(torch, mkmod.to_bf16_bits(w)), dev(torch, nw)
+    dh, dxb = dev(torch, y0), nan_bf16(torch, 2, m, 1024)
+    lib.call("lb_gemm_bf16_cublas_resid_norm", ptr(dx), ptr(dw), ptr(dh), ptr(dnw), ptr(dxb), m, k, split, eps, None)
+    dh2, dxb2 = dev(torch, y0), nan_bf16(torch, 2, m, 1024)
+    lib.call("lb_gemm_bf16_cublas", ptr(dx), ptr(dw), ptr(dh2), m, 1024, k, flags, None)
+    lib.call("lb_pf_rmsnorm_bf16", ptr(dh2), ptr(dnw), ptr(dxb2), m, eps, None)
+    torch.cuda.synchronize()
+    h, h2 = dh.cpu().numpy(), dh2.cpu().numpy()
+    xb, xb2 = dxb.cpu().numpy().view(np.uint16), dxb2.cpu().numpy().view(np.uint16)
+    assert np.array_equal(h, h2) and np.array_equal(xb, xb2), "fused epilogue differs from RESID + rmsnorm_bf16"
+    r64 = np.asarray(ref, np.float64)
+    norm64 = r64 / np.sqrt(np.mean(r64**2, axis=1, keepdims=True) + eps) * nw.astype(np.float64)
+    e_h, e_xb = rel_rms(h, r64), rel_rms(from_split(xb), norm64)
+    print(f"h vs float64 {e_h:.2e}, xb vs float64 {e_xb:.2e}")
+    assert e_h < 1e-5 and e_xb < 1e-5, (e_h, e_xb)
+
+
+def test_gemm_bf16_cublas_resid_norm_refuses_bad_shapes(cublas_lib, torch):
+    d = torch.zeros(4096, dtype=torch.float32, device="cuda")
+    f = cublas_lib.fn.lb_gemm_bf16_cublas_resid_norm
+    assert f(ptr(d), ptr(d), ptr(d), ptr(d), ptr(d), 4, 40, 1, 1e-6, None) == 1  # K % 32
+    assert f(ptr(d), ptr(d), ptr(d, 4), ptr(d), ptr(d), 4, 32, 1, 1e-6, None) == 1  # h alignment
+
+
 # ---- deltanet_chunked ----------------------------------------------------------------------------
 
 
@@ -645,6 +677,20 @@ def test_prefill_attn_tc_vs_fp32(gemm, tmp_path):
             identical = identical and np.array_equal(f, t)
     # the two paths round differently: bit-identical logits everywhere would mean one path ran twice
     assert not identical
+
+
+def test_prefill_fused_norms_bit_identical(monkeypatch):
+    """The cuBLAS prefill with its RMSNorms inside the residual epilogues (default) against the same prefill with them
+    as separate kernels (LUCEBOX_PREFILL_NORM=separate, read when the context is made): the same logits, bit for bit,
+    on every chunk sequence (each chunk continuing from the state the last left; the first layer's norm of each
+    segment stays a kernel in both)."""
+    fused = {seq: gpu_chunks("cublas", seq)[1] for seq in CHUNK_SEQS}  # (a skip here where no cuBLAS loads)
+    monkeypatch.setenv("LUCEBOX_PREFILL_NORM", "separate")
+    for seq in CHUNK_SEQS:
+        sep = gpu_chunks("cublas", seq)[1]
+        for n, a, b in zip(CHUNK_SEQS[seq], fused[seq], sep):
+            print(f"{seq} chunk of {n}: fused vs separate norms, max |diff| {np.max(np.abs(a - b)):.3e}")
+            assert np.array_equal(a, b)
 
 
 # ---- the DeltaNet path: tensor cores (default) and fp32 (LUCEBOX_DN_PREFILL=old) ------------------------------

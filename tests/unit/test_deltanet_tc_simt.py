@@ -7,7 +7,8 @@ g++ against the emulator's stand-ins for pf_common.cuh / lb_arch.cuh, and run on
 (cpu.py's recurrent form): the same 1e-4 as tests/gpu (the emulation gives ~5-7e-6, the GPU's split bf16 products
 the same up to accumulation order). Covers both input layouts (the 0.8B's head-major with the transposed state, the
 27B's token-major with Hv > Hk), every output mode (o, the fused out_norm, the split bf16 xb), all four state-pass
-variants and the conv front end (full, partial and no history). Slow: ~10-60 s a case on two cores.
+variants and the conv front end (full, partial and no history) with the output kernel's conv-ring update. Slow:
+~10-60 s a case on two cores.
 """
 
 from __future__ import annotations
@@ -140,6 +141,13 @@ def test_kernels_on_the_cpu(driver, tmp_path, case):
         qo = np.fromfile(tmp_path / "q_out", np.float32)
         qo = qo.reshape(t, hk, D) if tokmaj else qo.reshape(hk, t, D).transpose(1, 0, 2)
         errs["q"] = rel(qo, q)
+        # the output kernel's conv-ring copy (the 0.8B layer path; dn_ring_write's copy, exact): slot (5 + t) & 3 holds
+        # pre-conv row t for the last min(T, 4) rows, other slots untouched
+        ring = np.fromfile(tmp_path / "ring_out", np.float32).reshape(4, -1)
+        want = np.full_like(ring, -7.0)
+        for tt in range(max(0, t - 4), t):
+            want[(5 + tt) & 3] = files["pre"][tt]
+        assert np.array_equal(ring, want), "conv ring update"
     print(case, " ".join(f"{k} {e:.2e}" for k, e in errs.items()))
     assert np.isfinite(got).all() and np.isfinite(s).all()
     assert max(errs.values()) < 1e-4, errs

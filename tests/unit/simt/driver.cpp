@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
     out.mode = mode; out.o = o.data(); out.xb = xb.data(); out.z = z.data(); out.ldz = H * 128; out.norm = norm.data(); out.eps = 1e-6f;
     const int nch = n_chunks(T);
     ConvIn cv{};
-    std::vector<float> pre, hist, convw, a, b, ssma, dtb, qo, vo;
+    std::vector<float> pre, hist, convw, a, b, ssma, dtb, qo, vo, ring;
     if (conv) {
         pre = rd(dir + "/pre", (size_t)T * C); hist = rd(dir + "/hist", (size_t)3 * C); convw = rd(dir + "/conv_w", (size_t)C * 4);
         a = rd(dir + "/a", (size_t)T * H); b = rd(dir + "/b", (size_t)T * H);
@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
         cv.conv_w = convw.data(); cv.a = a.data(); cv.b = b.data(); cv.ab_t = H; cv.ssm_a = ssma.data(); cv.dt_bias = dtb.data();
         cv.q = qo.data(); cv.v = vo.data();
         in.q = qo.data(); in.v = vo.data(); in.k = nullptr; in.g = nullptr; in.beta = nullptr;
+        // the conv ring's update inside the output kernel (Out::ring), at position 5 (slots wrap), over a poisoned ring
+        ring.assign((size_t)4 * C, -7.0f);
+        out.ring = ring.data(); out.ring_pre = pre.data(); out.ring_ld = C; out.ring_c = C; out.ring_pos0 = 5;
     }
     if (conv) launch(dim3(nch, H), PREP_SMEM, [&] { prep_kernel<true>(in, cv, sc, T); });
     else launch(dim3(nch, H), PREP_SMEM, [&] { prep_kernel<false>(in, cv, sc, T); });
@@ -104,6 +107,7 @@ int main(int argc, char** argv) {
     wr(dir + "/xb_out", xb.data(), xb.size() * 2);
     wr(dir + "/state_out", state.data(), state.size() * 4);
     if (conv) wr(dir + "/q_out", qo.data(), qo.size() * 4);
+    if (conv) wr(dir + "/ring_out", ring.data(), ring.size() * 4);
     if (g_bad_async) std::fprintf(stderr, "cp.async groups never waited: %d threads\n", g_bad_async);
     return g_bad_async ? 3 : 0;
 }
