@@ -64,7 +64,7 @@ extern "C" LB_API int lb_gemv_q_pair(int qtype_a, const void* wa, int rows_a, fl
     if (st != LB_OK) return st;
     if ((st = qmm_check(__func__, qtype_b, wb, rows_b, k, x, 1, yb)) != LB_OK) return st;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (pair_merged(qtype_a, qtype_b)) return gemv_q6q4_launch(wa, rows_a, ya, wb, rows_b, yb, k, x, accumulate, s);
+    if (pair_merged(qtype_a, qtype_b)) return gemv_q6q4_launch<6>(wa, rows_a, ya, wb, rows_b, yb, k, x, accumulate, s);
     if ((st = gemv_dispatch(qtype_a, wa, rows_a, k, x, ya, accumulate, s)) != LB_OK) return st;
     return gemv_dispatch(qtype_b, wb, rows_b, k, x, yb, accumulate, s);
 }
