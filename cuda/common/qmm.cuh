@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -854,6 +855,47 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
         }
     }
     LB_CUDA_TRY(launch_pdl(qmm_kernel<QT, NT, MT>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
+    return LB_OK;
+}
+
+// y6 (+)= W6·x (Q6_K_T, rows6 rows) and y4 (+)= W4·x (Q4_K_T, rows4 rows), both k columns, as one
+// gemv_q6q4_tile_kernel launch (qmm_gemv_rows.cuh): the DeltaNet decode's attn_qkv and attn_gate + ssm_beta +
+// ssm_alpha. The caller checked both products (qmm_check). accumulate = 0 zeroes both outputs first. (A template, so
+// that only the file that calls it instantiates the kernel: gemv_q.cu with kBlocks = 6.)
+template <int kBlocks>
+int gemv_q6q4_launch(const void* w6, int64_t rows6, float* y6, const void* w4, int64_t rows4, float* y4, int k,
+                            const float* x, int accumulate, cudaStream_t stream) {
+    constexpr int kGroupRows = kWarps * 16;
+    QmmArgs a6{static_cast<const uint8_t*>(w6), x, y6, rows6, k, 1, ceil_div(rows6, kGroupRows) * (k / QK)};
+    QmmArgs a4{static_cast<const uint8_t*>(w4), x, y4, rows4, k, 1, ceil_div(rows4, kGroupRows) * (k / QK)};
+    if (a6.items + a4.items >= INT32_MAX / kWarps)
+        return set_error(LB_ERR_INVALID_ARG, "lb_gemv_q_pair: %lld items", (long long)(a6.items + a4.items));
+    static std::mutex mu;
+    static QmmConfig cache[kMaxDevices];
+    int dev = 0;
+    LB_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= kMaxDevices) return set_error(LB_ERR_UNSUPPORTED, "qmm: device %d out of range", dev);
+    QmmConfig c;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!cache[dev].sms) {
+            QmmConfig n;
+            int by_regs = 0;
+            LB_CUDA_TRY(cudaDeviceGetAttribute(&n.sms, cudaDevAttrMultiProcessorCount, dev));
+            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_q6q4_tile_kernel<kBlocks>, kThreads, 0));
+            n.grid_per_sm = std::max(by_regs, 1);
+            cache[dev] = n;
+        }
+        c = cache[dev];
+    }
+    PairCost pc{a6.items, a4.items, 8, 5};
+    gemv_pair_weights(pc.w6, pc.w4);
+    const int64_t grid = std::min<int64_t>(a6.items + a4.items, (int64_t)c.grid_per_sm * c.sms);
+    if (!accumulate) {
+        LB_CUDA_TRY(cudaMemsetAsync(y6, 0, sizeof(float) * (size_t)rows6, stream));
+        LB_CUDA_TRY(cudaMemsetAsync(y4, 0, sizeof(float) * (size_t)rows4, stream));
+    }
+    LB_CUDA_TRY(launch_pdl(gemv_q6q4_tile_kernel<kBlocks>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a6, a4, pc));
     return LB_OK;
 }
 

@@ -362,6 +362,187 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
     }
 }
 
+// ---- n = 1, a Q6_K_T and a Q4_K_T product of the same x in one launch (gemv_q6q4_tile_kernel) ---------------
+//
+// The 27B decode's DeltaNet layer runs attn_qkv (Q6_K_T 10240×5120, 43 MB) and attn_gate + ssm_beta + ssm_alpha
+// (Q4_K_T 6240×5120, one tensor of their summed rows, 18 MB) on the same normed h, with nothing between them.
+// Under PDL (docs/perf.md, session 10) the second launch took 7.7 µs where its bytes need 4.5: ramp and drain of a
+// launch of ~2 items per warp. Here both are one launch over the concatenated item list: items [0, n6) are
+// gemv_q6_tile_kernel<6, true>'s (x staged), [n6, n6 + n4) gemv_k45_tile_kernel<Q4_K_T>'s. A block's share is a
+// contiguous range of that list, so it crosses the boundary at most once: the kernel runs the Q6 loop over the
+// share's Q6 part, then the Q4 loop over its Q4 part (a block-uniform split, no per-item branch). The two loops
+// below are copies of those kernels' bodies (not a shared function: the shipped kernels keep their SASS), with
+// their loads, arithmetic and flushes (each part atomically adds into its own y), so the results are the two
+// launches' up to the order of the fp32 atomics. The per-warp shared memory is one buffer used by both parts in
+// turn (Q4's 2560-byte staging tile; Q6's 512-byte fp16 x and 1024-byte fp32 x inside it).
+//
+// Shares are equal in estimated time, not items: a Q6 item (3360 bytes, ~545 instructions) costs w6, a Q4 item
+// (2304 bytes, ~303) w4 (default 8 : 5, LUCEBOX_QKV_ZBA_W="w6:w4" for A/B; H200 rates at n = 1: Q6_K_T ~1.5-1.75×
+// a Q4_K_T item's time). The block that straddles loads its first Q4 item after its last Q6 item, not during it.
+// Launched at six blocks per SM (gemv_q6_tile_kernel's; gemv_k45_tile_kernel runs at seven on its own).
+struct PairCost {
+    int64_t n6, n4;  // items of each part
+    int w6, w4;      // cost of one item of each part
+    // the first item whose start cost is >= c (item i starts at w6·i below n6, w6·n6 + w4·(i − n6) above)
+    __device__ __forceinline__ int64_t item_at(int64_t c) const {
+        const int64_t c6 = n6 * w6;
+        return c <= c6 ? (c + w6 - 1) / w6 : n6 + (c - c6 + w4 - 1) / w4;
+    }
+    // block b's share [it, end) of the items: its equal part of the total cost
+    __device__ __forceinline__ void share(int64_t& it, int64_t& end, uint32_t b) const {
+        const int64_t total = n6 * w6 + n4 * w4;
+        it = item_at(total * b / gridDim.x);
+        end = item_at(total * (b + 1) / gridDim.x);
+    }
+};
+
+template <int kBlocks>
+__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6q4_tile_kernel(QmmArgs a6, QmmArgs a4, PairCost pc) {
+    using R4 = K45Rows<Q4_K_T>;
+    using K4 = K45Cols<Q4_K_T>;
+    using Row6 = Traits<Q6_K>::Row;
+    using Row4 = typename K4::Row;
+    constexpr int kBufBytes = R4::kTileBytes > 3 * Q6Xs::kBytes ? R4::kTileBytes : 3 * Q6Xs::kBytes;
+    __shared__ __align__(16) uint8_t bufs[kWarps][kBufBytes];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nb = a6.k / QK;  // a4.k is the same (the launch checks)
+    pdl_trigger();
+    int64_t it0, end0;
+    pc.share(it0, end0, blockIdx.x);
+    if (it0 >= end0) {
+        pdl_wait();  // lb_pdl.cuh: no block may finish before the predecessor
+        return;
+    }
+    uint8_t* const buf = bufs[warp];
+
+    // ---- the share's Q6_K_T part: gemv_q6_tile_kernel<kBlocks, true>'s loop over [it0, min(end0, n6)) ----
+    if (it0 < pc.n6) {
+        const QmmArgs& a = a6;
+        int left = (int)(min(end0, pc.n6) - it0);
+        int tr = (int)(it0 / nb) * kWarps + warp;
+        int kb = (int)(it0 % nb);
+        const int n_tiles = (int)(a.n_rows / kTileRows);
+        const int o_ql = Q6T::kQl + 16 * lane, o_qh = Q6T::kQh + 32 * g + 16 * (t & 1), o_sc = Q6T::kSc + 16 * g,
+                  o_d = Q6T::kD + 4 * g;
+        Row6 rr[1][2];
+        uint32_t d2 = 0;
+        auto load = [&]() {
+            if (tr >= n_tiles) return;
+            const uint8_t* p = a.w + ((int64_t)tr * nb + kb) * Q6T::kBytes;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    rr[0][h].v[c] = ldg_stream(p + o_ql + 512 * (2 * c + h));
+                    rr[0][h].v[2 + c] = ldg_stream(p + o_qh + 256 * (2 * c + h));
+                }
+                rr[0][h].v[4] = ldg_stream(p + o_sc + 128 * h);
+            }
+            d2 = ldg_stream4(p + o_d);
+        };
+        uint8_t* const xs = buf;  // fp16 B values, 512 bytes; the fp32 x copies 1024 bytes after it
+        const uint32_t xf = (uint32_t)__cvta_generic_to_shared(buf + Q6Xs::kBytes + 16 * lane);
+        auto load_x = [&]() {
+            if (tr >= n_tiles) return;
+            const float* xp = a.x + kb * QK + 4 * lane;
+            q6_cp_async16(xf, xp);
+            q6_cp_async16(xf + 512, xp + 128);
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        };
+        float acc[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
+        load();  // constant weights: before waiting for the previous kernel
+        pdl_wait();
+        load_x();
+        for (;;) {
+            const bool live = tr < n_tiles;
+            if (live) {
+                const float2 d = __half22float2(bits_h2(d2));
+                rr[0][0].d = d.x;
+                rr[0][1].d = d.y;
+                q6_xs_store(xs, xf, lane);
+                q6_item_xs(rr[0], acc[0][0], xs + 16 * t, t);
+            }
+            --left;
+            if ((kb + 1 == nb || left == 0) && live) qmm_flush<1, 1>(a, (int64_t)tr * kTileRows, acc, g, t);
+            if (left == 0) break;
+            if (++kb == nb) {
+                kb = 0;
+                tr += kWarps;
+            }
+            load();
+            load_x();
+        }
+    }
+
+    // ---- the share's Q4_K_T part: gemv_k45_tile_kernel's loop over [max(it0, n6), end0) - n6 ----
+    // The share again, from a block index the compiler cannot see is the same: held across the Q6 loop, its
+    // 64-bit bounds spilled (24 bytes at the 80-register cap); recomputed, once a block, they cost no register.
+    uint32_t bx;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bx));
+    pc.share(it0, end0, bx);
+    if (end0 > pc.n6) {
+        const QmmArgs& a = a4;
+        constexpr int64_t kItemBytes = kTileRows * K4::kBlockBytes;  // 2304
+        const int64_t i0 = max(it0, pc.n6) - pc.n6;
+        int left = (int)(end0 - pc.n6 - i0);
+        int tr = (int)(i0 / nb) * kWarps + warp;
+        int kb = (int)(i0 % nb);
+        const int n_tiles = (int)(a.n_rows / kTileRows);
+        uint4 ch[R4::kPerLane];
+        auto load = [&]() {
+            if (tr >= n_tiles) return;
+            const uint8_t* p = a.w + ((int64_t)tr * nb + kb) * kItemBytes + 16 * lane;
+#pragma unroll
+            for (int i = 0; i < R4::kPerLane; ++i)
+                if (lane + 32 * i < R4::kChunks) ch[i] = ldg_stream(p + 512 * i);
+        };
+        const K45Item<Q4_K_T> item_math(g, t);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        load();
+        pdl_wait();  // (returns at once when the Q6 part above already waited)
+        const float* xl = a.x + 32 * g + 8 * t;
+        for (;;) {
+            const bool live = tr < n_tiles;
+            if (live) {
+                Row4 r[2];
+                stage_rows<Q4_K_T>(buf, ch, r, lane, g, t);  // its first __syncwarp orders it after the Q6 part's reads
+                item_math(r, xl + kb * QK, acc);
+            }
+            --left;
+            if ((kb + 1 == nb || left == 0) && live) k45_flush(acc, a.y, (int64_t)tr * kTileRows, a.n_rows, g, t);
+            if (left == 0) break;
+            if (++kb == nb) {
+                kb = 0;
+                tr += kWarps;
+            }
+            load();
+        }
+    }
+}
+
+// Whether lb_gemv_q_pair runs a Q6_K_T and a Q4_K_T product as one gemv_q6q4_tile_kernel launch: LUCEBOX_QKV_ZBA=0
+// keeps two launches (for A/B runs); anything else (or unset) one. Read once per process.
+inline bool gemv_pair_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("LUCEBOX_QKV_ZBA");
+        return !(e && e[0] == '0' && e[1] == '\0');
+    }();
+    return on;
+}
+
+// gemv_q6q4_tile_kernel's item costs (w6, w4): LUCEBOX_QKV_ZBA_W="w6:w4" (each 1..64), else 8:5. Read once.
+inline void gemv_pair_weights(int& w6, int& w4) {
+    static const std::pair<int, int> w = [] {
+        const char* e = std::getenv("LUCEBOX_QKV_ZBA_W");
+        int a = 0, b = 0;
+        if (e && std::sscanf(e, "%d:%d", &a, &b) == 2 && a >= 1 && a <= 64 && b >= 1 && b <= 64) return std::make_pair(a, b);
+        return std::make_pair(8, 5);
+    }();
+    w6 = w.first;
+    w4 = w.second;
+}
+
 // Whether n = 1 Q6_K_T runs gemv_q6_tile_kernel<6, true> (x staged per warp): LUCEBOX_Q6_GEMV=old keeps
 // gemv_q6_tile_kernel<6, false> (for A/B runs); anything else (or unset) the staged one. Read once per process.
 inline bool gemv_q6_xs_enabled() {

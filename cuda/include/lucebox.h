@@ -190,6 +190,14 @@ LB_API int lb_quant_fill_random(int qtype, void* dst, int n_rows, int k, uint64_
 /* y[n_rows] (+)= W · x[k] */
 LB_API int lb_gemv_q(int qtype, const void* w, int n_rows, int k, const float* x, float* y, int accumulate,
                      void* stream);
+/* ya[rows_a] (+)= Wa · x[k] and yb[rows_b] (+)= Wb · x[k]: two lb_gemv_q of the same x. Wa Q6_K_T (270) and Wb
+ * Q4_K_T (268) run as one launch (the 27B DeltaNet decode's attn_qkv and attn_gate + ssm_beta + ssm_alpha), unless
+ * LUCEBOX_QKV_ZBA=0 (read once per process); any other pair of types, or that switch, is lb_gemv_q(a) then lb_gemv_q(b).
+ * Results are the two calls' up to the order of fp32 atomics. */
+LB_API int lb_gemv_q_pair(int qtype_a, const void* wa, int rows_a, float* ya, int qtype_b, const void* wb, int rows_b,
+                          float* yb, int k, const float* x, int accumulate, void* stream);
+/* 1 when lb_gemv_q_pair runs these two types as one launch in this process, else 0. */
+LB_API int lb_gemv_q_pair_merged(int qtype_a, int qtype_b);
 /* Y[n_rows, n] (+)= W · X[k, n], n = 1..64; every weight is read once for all n columns. */
 LB_API int lb_gemm_q_smalln(int qtype, const void* w, int n_rows, int k, const float* x, int n, float* y,
                             int accumulate, void* stream);

@@ -52,6 +52,25 @@ extern "C" LB_API int lb_gemv_q(int qtype, const void* w, int n_rows, int k, con
     return gemv_dispatch(qtype, w, n_rows, k, x, y, accumulate, static_cast<cudaStream_t>(stream));
 }
 
+// Two products of the same x: one gemv_q6q4_tile_kernel launch when a is Q6_K_T and b Q4_K_T and LUCEBOX_QKV_ZBA is
+// not 0 (qmm.cuh gemv_q6q4_launch); otherwise lb_gemv_q's two launches, a then b.
+static bool pair_merged(int qtype_a, int qtype_b) {
+    return qtype_a == Q6_K_T && qtype_b == Q4_K_T && gemv_pair_enabled();
+}
+
+extern "C" LB_API int lb_gemv_q_pair(int qtype_a, const void* wa, int rows_a, float* ya, int qtype_b, const void* wb,
+                                     int rows_b, float* yb, int k, const float* x, int accumulate, void* stream) {
+    int st = qmm_check(__func__, qtype_a, wa, rows_a, k, x, 1, ya);
+    if (st != LB_OK) return st;
+    if ((st = qmm_check(__func__, qtype_b, wb, rows_b, k, x, 1, yb)) != LB_OK) return st;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    if (pair_merged(qtype_a, qtype_b)) return gemv_q6q4_launch<6>(wa, rows_a, ya, wb, rows_b, yb, k, x, accumulate, s);
+    if ((st = gemv_dispatch(qtype_a, wa, rows_a, k, x, ya, accumulate, s)) != LB_OK) return st;
+    return gemv_dispatch(qtype_b, wb, rows_b, k, x, yb, accumulate, s);
+}
+
+extern "C" LB_API int lb_gemv_q_pair_merged(int qtype_a, int qtype_b) { return pair_merged(qtype_a, qtype_b) ? 1 : 0; }
+
 // Weight copies rotate so that the bytes one call reads are not in L2 from the previous call: enough
 // copies to cover twice the L2 size (60 MB on the H200) measures HBM, not cache.
 extern "C" LB_API int lb_bench_qmm(int qtype, int n_rows, int k, int n, int iters, float* ms_out) {

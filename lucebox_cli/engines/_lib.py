@@ -141,6 +141,9 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_gemv_q": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int, ctypes.c_void_p]),
     "lb_gemm_q_smalln": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p, c_int,
                                  ctypes.c_void_p]),
+    "lb_gemv_q_pair": (c_int, [c_int, ctypes.c_void_p, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p, c_int,
+                               ctypes.c_void_p, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p]),
+    "lb_gemv_q_pair_merged": (c_int, [c_int, c_int]),
     # seg_rows (int32 [nseg]) and ys (float* [nseg]) are host arrays passed by address (c_void_p): the recorded
     # Programs of engines/dflash_layers.py keep them alive and pass the same addresses every replay
     "lb_gemm_q_smalln_seg": (c_int, [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p, c_int, c_int,

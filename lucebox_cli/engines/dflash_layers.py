@@ -240,6 +240,9 @@ class Layers:
         # kernel) where the library has it and the engine carved its tickets; else lb_attn_prep + lb_attn_decode
         fn = getattr(lib, "fn", None)
         self.fused_decode = bufs.tickets != 0 and fn is not None and hasattr(fn, "lb_attn_decode_fused")
+        # a DeltaNet layer's one-row qkv (Q6_K_T) and z/beta/alpha (Q4_K_T) products as one lb_gemv_q_pair call where
+        # the library has it (one launch unless LUCEBOX_QKV_ZBA=0, which the library reads: two launches then)
+        self.gemv_pair = fn is not None and hasattr(fn, "lb_gemv_q_pair")
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
@@ -340,6 +343,18 @@ class Layers:
                            seg_rows, outs, 1, self.stream)
             if self._rec is not None or self._capturing:
                 self._host_arrays.extend(keep)
+
+    def qkv_zba_pair(self, names: tuple[str, ...], ys: list[int], t: int) -> bool:
+        """Whether matmuls(names, x, ys, t) of a DeltaNet layer's (attn_qkv, attn_gate, ssm_beta, ssm_alpha) is one
+        lb_gemv_q_pair: one row, the library has it, attn_qkv Q6_K_T (270), the other three one Q4_K_T (268) tensor
+        (back to back in the arena, as matmuls groups them) with back-to-back outputs, all of the same K."""
+        if t != 1 or not self.gemv_pair or len(names) != 4:
+            return False
+        q, rest = self.m[names[0]], [self.m[n] for n in names[1:]]
+        if q.qtype != 270 or any(w.qtype != 268 or w.k != q.k for w in rest):
+            return False
+        return all(self._adjacent(names[i], names[i + 1]) and ys[i + 1] == ys[i] + rest[i - 1].rows * F32
+                   for i in (1, 2))
 
     def _adjacent(self, prev: str, name: str) -> bool:
         """name's weights start where prev's end, same Q4_K/Q5_K type and K: the two are one tensor."""
@@ -451,8 +466,15 @@ class Layers:
         """regs = deltanet_regions(i, p)[0], cleared by the norm before."""
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.gdn[i]
         qkv, z, a, beta_in = regs
-        self.matmuls((pre + "attn_qkv.weight", pre + "attn_gate.weight", pre + "ssm_beta.weight",
-                      pre + "ssm_alpha.weight"), b.h, [qkv, z, beta_in, a], p.t)
+        names = (pre + "attn_qkv.weight", pre + "attn_gate.weight", pre + "ssm_beta.weight", pre + "ssm_alpha.weight")
+        ys = [qkv, z, beta_in, a]
+        if self.qkv_zba_pair(names, ys, p.t) and not self._cublas(p.t):
+            wq, wz = self.m[names[0]], self.m[names[1]]
+            rows_zba = sum(self.m[n].rows for n in names[1:])
+            self._call("lb_gemv_q_pair", wq.qtype, wq.ptr, wq.rows, qkv, wz.qtype, wz.ptr, rows_zba, z, wq.k, b.h, 1,
+                       self.stream)
+        else:
+            self.matmuls(names, b.h, ys, p.t)
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
         if p.mode == "tree":
             self._call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,

@@ -283,6 +283,10 @@ class FakeLib:
     def lb_gemv_q(self, qtype, w, rows, k, x, y, acc, stream):
         self.lb_gemm_q_smalln(qtype, w, rows, k, x, 1, y, acc, stream)
 
+    def lb_gemv_q_pair(self, qa, wa, rows_a, ya, qb, wb, rows_b, yb, k, x, acc, stream):
+        self.lb_gemv_q(qa, wa, rows_a, k, x, ya, acc, stream)
+        self.lb_gemv_q(qb, wb, rows_b, k, x, yb, acc, stream)
+
     # -- small kernels --
     def lb_df_rmsnorm(self, x, w, y, t, n, eps, z0, z0_bytes, z1, z1_bytes, stream):
         xs = view(x, np.float32, t * n).reshape(t, n).copy()
