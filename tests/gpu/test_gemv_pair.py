@@ -103,7 +103,7 @@ def test_pdl_chain_reads_the_previous_output():
     wb, rb_ref = case("Q4_K_T", rb, k)
     x = np.random.default_rng(5).standard_normal(k).astype(np.float32)
     xd, x2, y = Dev.of(x), Dev(4 * k), Dev(4 * (ra + rb))
-    lib().call("lb_set_pdl", 1)
+    prev = lib().fn.lb_set_pdl(1)  # returns the previous mode, not a status
     try:
         for _ in range(3):
             lib().call("lb_dev_memset", x2.ptr, 0, x2.nbytes)
@@ -116,7 +116,7 @@ def test_pdl_chain_reads_the_previous_output():
             want = np.concatenate([ra_ref @ h, rb_ref @ h])
             assert rel_rms(got, want) < 2 * TOL
     finally:
-        lib().call("lb_set_pdl", 0)
+        lib().fn.lb_set_pdl(prev)
         for d in (xd, x2, y):
             d.close()
 
