@@ -56,10 +56,6 @@ struct Prefill {
     float* gemm_scr = nullptr;  // cuBLAS path: fp32 [2][Tm, GEMM_ROWS_MAX], both halves of a split GEMM
     bool attn_tc = true;        // attention on the tensor cores (pf::attn_tc), else pf::attn_flash; fixed at creation
     void* attn_part = nullptr;  // tensor cores: the key splits' partials, 2 Tm (split, token) rows
-    // Pinned staging for the last position's logits (vocab floats): a pageable cudaMemcpy of the 0.8B's ~1 MB of
-    // logits costs more than the copy out of pinned memory plus a host memcpy. Null if cudaMallocHost failed: then
-    // the copy goes straight to the caller's buffer as before.
-    float* logits_pinned = nullptr;
     bool fuse_norm = true;      // cuBLAS path: RMSNorms inside the residual epilogues (LUCEBOX_PREFILL_NORM=separate: not)
 };
 
@@ -221,7 +217,6 @@ extern "C" LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, in
     int st = LB_OK;
     auto fail = [&](int status) {
         cudaFree(P->blob);
-        if (P->logits_pinned) cudaFreeHost(P->logits_pinned);
         delete P;
         return status;
     };
@@ -236,10 +231,6 @@ extern "C" LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, in
     if (e == cudaSuccess) e = cudaMalloc(&P->blob, carve(P, nullptr));
     if (e != cudaSuccess) return fail(lb::set_cuda_error(e, "prefill setup", __FILE__, __LINE__));
     carve(P, static_cast<char*>(P->blob));
-    if (cudaMallocHost(&P->logits_pinned, (size_t)H->cfg.vocab * 4) != cudaSuccess) {
-        P->logits_pinned = nullptr;  // optional: the pageable copy still works
-        (void)cudaGetLastError();
-    }
     *prefill = P;
     return st;
     LB_API_END
@@ -249,7 +240,6 @@ extern "C" LB_API int lb_mk_prefill_free(void* prefill) {
     if (!prefill) return LB_OK;
     Prefill* P = static_cast<Prefill*>(prefill);
     cudaFree(P->blob);
-    if (P->logits_pinned) cudaFreeHost(P->logits_pinned);
     delete P;
     return LB_OK;
 }
@@ -290,12 +280,9 @@ extern "C" LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n,
     LB_CUDA_TRY(cudaEventRecord(H->ev1, H->stream));
     int am = -1;
     LB_CUDA_TRY(cudaMemcpyAsync(&am, P->am, 4, cudaMemcpyDeviceToHost, H->stream));
-    const size_t logit_bytes = (size_t)H->cfg.vocab * 4;
     if (logits)
-        LB_CUDA_TRY(cudaMemcpyAsync(P->logits_pinned ? P->logits_pinned : logits, H->P.logits, logit_bytes,
-                                    cudaMemcpyDeviceToHost, H->stream));
+        LB_CUDA_TRY(cudaMemcpyAsync(logits, H->P.logits, (size_t)H->cfg.vocab * 4, cudaMemcpyDeviceToHost, H->stream));
     LB_CUDA_TRY(cudaStreamSynchronize(H->stream));
-    if (logits && P->logits_pinned) std::memcpy(logits, P->logits_pinned, logit_bytes);
     H->pos += n;
     H->pending = am;
     if (argmax_out) *argmax_out = am;
