@@ -135,6 +135,29 @@ int gemm_cublas_resid_norm(const uint16_t* X, const uint16_t* W, float* h, const
 
 }  // namespace pf
 
+namespace {
+
+// The test entries' shape: a scratch of `bytes` for one call of run(scratch), then a synchronisation, so a caller's
+// errors (and the kernels') come back from this call; the scratch is freed either way.
+template <typename Run>
+int with_scratch(size_t bytes, cudaStream_t s, Run run) {
+    float* scratch = nullptr;
+    const char* what = "cudaMalloc (scratch)";
+    int st = LB_OK;
+    cudaError_t e = cudaMalloc(&scratch, bytes);
+    if (e == cudaSuccess) {
+        st = run(scratch);
+        what = "cudaStreamSynchronize";
+        e = cudaStreamSynchronize(s);
+    }
+    cudaFree(scratch);
+    if (st != LB_OK) return st;
+    if (e != cudaSuccess) return lb::set_cuda_error(e, what, __FILE__, __LINE__);
+    return LB_OK;
+}
+
+}  // namespace
+
 extern "C" LB_API int lb_gemm_bf16_cublas(const void* x, const void* w, void* y, int m, int n, int k, int epilogue,
                                           void* stream) {
     LB_CHECK_ARG(x && w && y, "null pointer");
@@ -148,19 +171,10 @@ extern "C" LB_API int lb_gemm_bf16_cublas(const void* x, const void* w, void* y,
     int st = lb::blas::check();
     if (st != LB_OK) return st;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    float* scratch = nullptr;
-    const char* what = "cudaMalloc (scratch)";
-    cudaError_t e = cudaMalloc(&scratch, pf::gemm_cublas_scratch_bytes(m, n, epi, split));
-    if (e == cudaSuccess) {
-        st = pf::gemm_cublas(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w), y, m, n, k, epi,
-                             split, scratch, s);
-        what = "cudaStreamSynchronize";
-        e = cudaStreamSynchronize(s);
-    }
-    cudaFree(scratch);
-    if (st != LB_OK) return st;
-    if (e != cudaSuccess) return lb::set_cuda_error(e, what, __FILE__, __LINE__);
-    return LB_OK;
+    return with_scratch(pf::gemm_cublas_scratch_bytes(m, n, epi, split), s, [&](float* scratch) {
+        return pf::gemm_cublas(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w), y, m, n, k, epi,
+                               split, scratch, s);
+    });
 }
 
 extern "C" LB_API int lb_gemm_bf16_cublas_resid_norm(const void* x, const void* w, void* h, const void* norm_w, void* xb,
@@ -171,18 +185,9 @@ extern "C" LB_API int lb_gemm_bf16_cublas_resid_norm(const void* x, const void* 
     int st = lb::blas::check();
     if (st != LB_OK) return st;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    float* scratch = nullptr;
-    const char* what = "cudaMalloc (scratch)";
-    cudaError_t e = cudaMalloc(&scratch, pf::gemm_cublas_scratch_bytes(m, 1024, pf::EPI_RESID, split_x != 0));
-    if (e == cudaSuccess) {
-        st = pf::gemm_cublas_resid_norm(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w),
-                                        static_cast<float*>(h), static_cast<const float*>(norm_w),
-                                        static_cast<uint16_t*>(xb), m, 1024, k, eps, split_x != 0, scratch, s);
-        what = "cudaStreamSynchronize";
-        e = cudaStreamSynchronize(s);
-    }
-    cudaFree(scratch);
-    if (st != LB_OK) return st;
-    if (e != cudaSuccess) return lb::set_cuda_error(e, what, __FILE__, __LINE__);
-    return LB_OK;
+    return with_scratch(pf::gemm_cublas_scratch_bytes(m, 1024, pf::EPI_RESID, split_x != 0), s, [&](float* scratch) {
+        return pf::gemm_cublas_resid_norm(static_cast<const uint16_t*>(x), static_cast<const uint16_t*>(w),
+                                          static_cast<float*>(h), static_cast<const float*>(norm_w),
+                                          static_cast<uint16_t*>(xb), m, 1024, k, eps, split_x != 0, scratch, s);
+    });
 }
