@@ -737,12 +737,10 @@ int qmm_config(QmmConfig& out) {
     return LB_OK;
 }
 
-// Blocks per SM of the n = 1 sub-block-column kernel (kRows: its row-coalesced form; Q4_K_T: its tiled form,
-// gemv_k45_tile_kernel), worked out once per
-// process and device.
-// (kQ6Xs: Q6_K_T's gemv_q6_tile_kernel<kTileBlocks, true>, x staged per warp.)
-template <int QT, bool kRows, int kTileBlocks = 0, bool kQ6Xs = false>
-int gemv_cols_config(QmmConfig& out) {
+// Blocks per SM of one kernel at kThreads threads and no dynamic shared memory, with the SM count: asked once per
+// process and device (one cache per kernel).
+template <auto kKernel>
+int occupancy_config(QmmConfig& out) {
     static std::mutex mu;
     static QmmConfig cache[kMaxDevices];
     int dev = 0;
@@ -753,21 +751,26 @@ int gemv_cols_config(QmmConfig& out) {
         QmmConfig c;
         int by_regs = 0;
         LB_CUDA_TRY(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, dev));
-        if constexpr (QT == Q6_K_T)
-            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &by_regs, gemv_q6_tile_kernel<kTileBlocks, kQ6Xs>, kThreads, 0));
-        else if constexpr (is_tiled(QT))
-            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_tile_kernel<QT, kTileBlocks>,
-                                                                      kThreads, 0));
-        else if constexpr (kRows)
-            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_rows_kernel<QT>, kThreads, 0));
-        else
-            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_k45_kernel<QT>, kThreads, 0));
+        LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, kKernel, kThreads, 0));
         c.grid_per_sm = std::max(by_regs, 1);
         cache[dev] = c;
     }
     out = cache[dev];
     return LB_OK;
+}
+
+// The n = 1 sub-block-column kernel's (kRows: its row-coalesced form; Q4_K_T: its tiled form, gemv_k45_tile_kernel;
+// Q6_K_T: gemv_q6_tile_kernel, kQ6Xs its x-staged form).
+template <int QT, bool kRows, int kTileBlocks = 0, bool kQ6Xs = false>
+int gemv_cols_config(QmmConfig& out) {
+    if constexpr (QT == Q6_K_T)
+        return occupancy_config<gemv_q6_tile_kernel<kTileBlocks, kQ6Xs>>(out);
+    else if constexpr (is_tiled(QT))
+        return occupancy_config<gemv_k45_tile_kernel<QT, kTileBlocks>>(out);
+    else if constexpr (kRows)
+        return occupancy_config<gemv_k45_rows_kernel<QT>>(out);
+    else
+        return occupancy_config<gemv_k45_kernel<QT>>(out);
 }
 
 // Zeroes what the product adds onto (accumulate = 0): y, or (out) every segment's output.
@@ -870,24 +873,9 @@ int gemv_q6q4_launch(const void* w6, int64_t rows6, float* y6, const void* w4, i
     QmmArgs a4{static_cast<const uint8_t*>(w4), x, y4, rows4, k, 1, ceil_div(rows4, kGroupRows) * (k / QK)};
     if (a6.items + a4.items >= INT32_MAX / kWarps)
         return set_error(LB_ERR_INVALID_ARG, "lb_gemv_q_pair: %lld items", (long long)(a6.items + a4.items));
-    static std::mutex mu;
-    static QmmConfig cache[kMaxDevices];
-    int dev = 0;
-    LB_CUDA_TRY(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= kMaxDevices) return set_error(LB_ERR_UNSUPPORTED, "qmm: device %d out of range", dev);
     QmmConfig c;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!cache[dev].sms) {
-            QmmConfig n;
-            int by_regs = 0;
-            LB_CUDA_TRY(cudaDeviceGetAttribute(&n.sms, cudaDevAttrMultiProcessorCount, dev));
-            LB_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&by_regs, gemv_q6q4_tile_kernel<kBlocks>, kThreads, 0));
-            n.grid_per_sm = std::max(by_regs, 1);
-            cache[dev] = n;
-        }
-        c = cache[dev];
-    }
+    const int st = occupancy_config<gemv_q6q4_tile_kernel<kBlocks>>(c);
+    if (st != LB_OK) return st;
     PairCost pc{a6.items, a4.items, 8, 5};
     gemv_pair_weights(pc.w6, pc.w4);
     const int64_t grid = std::min<int64_t>(a6.items + a4.items, (int64_t)c.grid_per_sm * c.sms);

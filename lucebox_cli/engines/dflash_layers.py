@@ -51,6 +51,7 @@ import ctypes
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from lucebox_cli.engines.dflash_upload import Q4K_TILED, Q6K_TILED
 from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE, CHUNK, CUBLAS_MIN_ROWS
 from lucebox_cli.models.qwen35 import Qwen35Config
 
@@ -351,7 +352,7 @@ class Layers:
         if t != 1 or not self.gemv_pair or len(names) != 4:
             return False
         q, rest = self.m[names[0]], [self.m[n] for n in names[1:]]
-        if q.qtype != 270 or any(w.qtype != 268 or w.k != q.k for w in rest):
+        if q.qtype != Q6K_TILED or any(w.qtype != Q4K_TILED or w.k != q.k for w in rest):
             return False
         return all(self._adjacent(names[i], names[i + 1]) and ys[i + 1] == ys[i] + rest[i - 1].rows * F32
                    for i in (1, 2))
