@@ -15,9 +15,9 @@
 // each RMSNorm after the first runs inside the residual epilogue before it, pf::gemm_cublas_resid_norm, the same
 // bits; LUCEBOX_PREFILL_NORM=separate, read when the context is made, keeps them separate kernels). GEMM inputs
 // are split bf16 (x ≈ hi + lo, two MMAs each: plain bf16 activations moved the 24-layer logits by ~2.6%),
-// accumulation and everything between GEMMs is fp32. On the cuBLAS path the last layer's out-projection and FFN run
-// on the one row the LM head reads (LUCEBOX_PREFILL_TAIL=all: on every row, as before; the cache and DeltaNet state
-// are written by the mixers, before that tail, and are the same either way).
+// accumulation and everything between GEMMs is fp32. On the cuBLAS path the last layer's attention query,
+// out-projection and FFN run for the one row the LM head reads (LUCEBOX_PREFILL_TAIL=all: for every row, as before;
+// the cache rows and the DeltaNet state are written before that tail and are the same either way).
 // The GEMMs run on our own kernel (cuda/ops/gemm_bf16.cu) or, chosen once when the context is made, on a
 // cuBLAS loaded at run time (cuda/ops/gemm_cublas.cu: one GEMM over both split halves into fp32 scratch,
 // then the same epilogues); lb_mk_prefill_gemm says which.
@@ -59,9 +59,10 @@ struct Prefill {
     bool attn_tc = true;        // attention on the tensor cores (pf::attn_tc), else pf::attn_flash; fixed at creation
     void* attn_part = nullptr;  // tensor cores: the key splits' partials, 2 Tm (split, token) rows
     bool fuse_norm = true;      // cuBLAS path: RMSNorms inside the residual epilogues (LUCEBOX_PREFILL_NORM=separate: not)
-    // cuBLAS path: the last layer's out-projection, FFN and residual only for the row the LM head reads (T - 1 of the
-    // final segment; none in earlier segments, whose h the next segment's embedding overwrites). The rows before it
-    // feed nothing: the mixer has already written their cache / state. LUCEBOX_PREFILL_TAIL=all: every row, as before.
+    // cuBLAS path: the last layer's attention query (an attention layer), out-projection, FFN and residual only for the
+    // row the LM head reads (T - 1 of the final segment; none in earlier segments, whose h the next segment's embedding
+    // overwrites). The other rows feed nothing: the mixer's prep has already written their cache rows / state.
+    // LUCEBOX_PREFILL_TAIL=all (or old): every row, as before.
     bool tail_row = true;
     // cuBLAS path: the in-projection's halves summed by cuBLAS (two GEMMs, beta 1 on the second) instead of scratch +
     // epilogue_kernel<EPI_F32> (LUCEBOX_PREFILL_INPROJ=accumulate; off by default: an experiment to A/B)

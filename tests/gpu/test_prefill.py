@@ -761,12 +761,15 @@ def knob_run(seq: str, max_chunk: int = 0, layers: int = 4) -> tuple[list[np.nda
             logits.append(pf.run(p)[1])
             hidden.append(gpu.read(mkmod.READ_HIDDEN))
             assert np.isfinite(logits[-1]).all() and np.isfinite(hidden[-1]).all(), "unwritten or NaN outputs"
-        state = {}
+        state, n = {}, sum(CHUNK_SEQS[seq])
+        assert gpu.n_past == n
         for layer in range(cfg.n_layers):
-            reads = ((mkmod.READ_KCACHE, "k"), (mkmod.READ_VCACHE, "v")) if cfg.is_attention(layer) else \
-                ((mkmod.READ_STATE, "S"), (mkmod.READ_CONV, "conv"))
-            for what, name in reads:
-                state[f"{name}{layer}"] = gpu.read(what, layer)
+            if cfg.is_attention(layer):  # the cache rows written so far
+                state[f"k{layer}"] = gpu.read(mkmod.READ_KCACHE, layer)[:n]
+                state[f"v{layer}"] = gpu.read(mkmod.READ_VCACHE, layer)[:n]
+            else:
+                state[f"S{layer}"] = gpu.read(mkmod.READ_STATE, layer)
+                state[f"conv{layer}"] = gpu.read(mkmod.READ_CONV, layer)
         return logits, hidden, state
     finally:
         pf.close()
