@@ -108,11 +108,12 @@ size_t gemm_cublas_scratch_bytes(int M, int N, int epi, bool split_x) {
 }
 
 int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi, bool split_x,
-                float* scratch, cudaStream_t s) {
+                float* scratch, cudaStream_t s, int ldx) {
     const int rows = epi == EPI_SWIGLU ? 2 * N : N;  // output columns of the GEMM (W rows)
     const int cols = (split_x ? 2 : 1) * M;          // X rows, both halves
+    // ldx: X's [2M, K] rows are ldx apart (K: contiguous; at M = 1 a larger ldx picks one row of a bigger pair)
     const int st = lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, rows, cols, K, 1.0f, W, lb::blas::kR16BF, K, X,
-                                     lb::blas::kR16BF, K, 0.0f, scratch, lb::blas::kR32F, rows, s);
+                                     lb::blas::kR16BF, ldx > 0 ? ldx : K, 0.0f, scratch, lb::blas::kR32F, rows, s);
     if (st != LB_OK) return st;
     if (split_x) launch_epilogue<2>(scratch, Y, M, N, epi, s);
     else launch_epilogue<1>(scratch, Y, M, N, epi, s);
@@ -121,15 +122,28 @@ int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int
 }
 
 int gemm_cublas_resid_norm(const uint16_t* X, const uint16_t* W, float* h, const float* norm_w, uint16_t* xb, int M,
-                           int N, int K, float eps, bool split_x, float* scratch, cudaStream_t s) {
+                           int N, int K, float eps, bool split_x, float* scratch, cudaStream_t s, int ldx) {
     if (N != 1024) return lb::set_error(LB_ERR_INVALID_ARG, "gemm_cublas_resid_norm: N must be 1024, not %d", N);
     const int cols = (split_x ? 2 : 1) * M;
     const int st = lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, N, cols, K, 1.0f, W, lb::blas::kR16BF, K, X,
-                                     lb::blas::kR16BF, K, 0.0f, scratch, lb::blas::kR32F, N, s);
+                                     lb::blas::kR16BF, ldx > 0 ? ldx : K, 0.0f, scratch, lb::blas::kR32F, N, s);
     if (st != LB_OK) return st;
     if (split_x) resid_norm_kernel<2><<<M, 256, 0, s>>>(scratch, h, norm_w, xb, M, eps);
     else resid_norm_kernel<1><<<M, 256, 0, s>>>(scratch, h, norm_w, xb, M, eps);
     LB_LAUNCH_TRY();
+    return LB_OK;
+}
+
+// EPI_F32 of a split X without scratch or epilogue: Y = hi · Wᵀ (beta 0), then Y += lo · Wᵀ (beta 1), cuBLAS's own
+// epilogue doing the halves' add (one fp32 add of the two products, as epilogue_kernel<EPI_F32, 2>, though each half
+// is now its own M-row GEMM, so cuBLAS may pick other tiles and accumulation orders than at 2M rows).
+int gemm_cublas_f32_acc(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, cudaStream_t s) {
+    for (int half = 0; half < 2; ++half) {
+        const int st = lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, N, M, K, 1.0f, W, lb::blas::kR16BF, K,
+                                         X + (size_t)half * M * K, lb::blas::kR16BF, K, half ? 1.0f : 0.0f, Y,
+                                         lb::blas::kR32F, N, s);
+        if (st != LB_OK) return st;
+    }
     return LB_OK;
 }
 

@@ -25,13 +25,18 @@ int gemm_bf16_prepare();
 // epilogue kernel, on stream s through lb::blas (cuda/core/cublas_gemm.cuh). Returns an lb_status (the message
 // recorded), not a cudaError_t: cuBLAS failures are not CUDA errors. Y 16-byte aligned.
 size_t gemm_cublas_scratch_bytes(int M, int N, int epi, bool split_x);
+// ldx (0: K): the row stride of X seen as [2M, K] (split) or [M, K]; at M = 1 with split_x, ldx = T * K reads row r
+// of a [2][T][K] pair from X = pair + r * K (hi there, lo ldx further).
 int gemm_cublas(const uint16_t* X, const uint16_t* W, void* Y, int M, int N, int K, int epi, bool split_x,
-                float* scratch, cudaStream_t s);
+                float* scratch, cudaStream_t s, int ldx = 0);
 // EPI_RESID into h [M, 1024] followed by the next layer part's RMSNorm: xb = rmsnorm_bf16(h, norm_w) as split bf16
 // [2][M, 1024], in one epilogue kernel (one block a row) with the same bits as gemm_cublas(EPI_RESID) then
 // rmsnorm_bf16. N must be 1024; scratch as gemm_cublas_scratch_bytes(M, 1024, EPI_RESID, split_x). An lb_status.
 int gemm_cublas_resid_norm(const uint16_t* X, const uint16_t* W, float* h, const float* norm_w, uint16_t* xb, int M,
-                           int N, int K, float eps, bool split_x, float* scratch, cudaStream_t s);
+                           int N, int K, float eps, bool split_x, float* scratch, cudaStream_t s, int ldx = 0);
+// EPI_F32 of a split X [2][M, K] as two cublasGemmEx into Y [M, N] (hi with beta 0, lo with beta 1): no scratch and
+// no epilogue kernel (the 0.8B prefill's LUCEBOX_PREFILL_INPROJ=accumulate). An lb_status.
+int gemm_cublas_f32_acc(const uint16_t* X, const uint16_t* W, float* Y, int M, int N, int K, cudaStream_t s);
 
 // ---- deltanet_chunked.cu ---- (dk = dv = 128, chunk 64, everything fp32)
 constexpr int DN_D = 128;

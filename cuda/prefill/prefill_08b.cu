@@ -15,7 +15,9 @@
 // each RMSNorm after the first runs inside the residual epilogue before it, pf::gemm_cublas_resid_norm, the same
 // bits; LUCEBOX_PREFILL_NORM=separate, read when the context is made, keeps them separate kernels). GEMM inputs
 // are split bf16 (x ≈ hi + lo, two MMAs each: plain bf16 activations moved the 24-layer logits by ~2.6%),
-// accumulation and everything between GEMMs is fp32.
+// accumulation and everything between GEMMs is fp32. On the cuBLAS path the last layer's attention query,
+// out-projection and FFN run for the one row the LM head reads (LUCEBOX_PREFILL_TAIL=all: for every row, as before;
+// the cache rows and the DeltaNet state are written before that tail and are the same either way).
 // The GEMMs run on our own kernel (cuda/ops/gemm_bf16.cu) or, chosen once when the context is made, on a
 // cuBLAS loaded at run time (cuda/ops/gemm_cublas.cu: one GEMM over both split halves into fp32 scratch,
 // then the same epilogues); lb_mk_prefill_gemm says which.
@@ -57,6 +59,14 @@ struct Prefill {
     bool attn_tc = true;        // attention on the tensor cores (pf::attn_tc), else pf::attn_flash; fixed at creation
     void* attn_part = nullptr;  // tensor cores: the key splits' partials, 2 Tm (split, token) rows
     bool fuse_norm = true;      // cuBLAS path: RMSNorms inside the residual epilogues (LUCEBOX_PREFILL_NORM=separate: not)
+    // cuBLAS path: the last layer's attention query (an attention layer), out-projection, FFN and residual only for the
+    // row the LM head reads (T - 1 of the final segment; none in earlier segments, whose h the next segment's embedding
+    // overwrites). The other rows feed nothing: the mixer's prep has already written their cache rows / state.
+    // LUCEBOX_PREFILL_TAIL=all (or old): every row, as before.
+    bool tail_row = true;
+    // cuBLAS path: the in-projection's halves summed by cuBLAS (two GEMMs, beta 1 on the second) instead of scratch +
+    // epilogue_kernel<EPI_F32> (LUCEBOX_PREFILL_INPROJ=accumulate; off by default: an experiment to A/B)
+    bool inproj_acc = false;
 };
 
 // Whether the residual epilogues also write the next RMSNorm (only the cuBLAS path has a row-wide epilogue).
@@ -114,69 +124,107 @@ size_t carve(Prefill* P, char* base) {
         if (lb_st_ != LB_OK) return lb_st_; \
     } while (0)
 
-// Y = X · Wᵀ with a split X on the context's GEMM path (an lb_status).
-int gemm(Prefill* P, const uint16_t* X, const uint16_t* W, void* Y, int T, int N, int K, int epi) {
+// Y = X · Wᵀ with a split X on the context's GEMM path (an lb_status). ldx != 0 (cuBLAS path only): X's row stride,
+// as pf::gemm_cublas (the tail row reads one row of the [2][T] pair).
+int gemm(Prefill* P, const uint16_t* X, const uint16_t* W, void* Y, int T, int N, int K, int epi, int ldx = 0) {
     const cudaStream_t s = P->H->stream;
-    if (P->gemm == LB_PREFILL_GEMM_CUBLAS) return pf::gemm_cublas(X, W, Y, T, N, K, epi, true, P->gemm_scr, s);
+    if (P->gemm == LB_PREFILL_GEMM_CUBLAS) return pf::gemm_cublas(X, W, Y, T, N, K, epi, true, P->gemm_scr, s, ldx);
     PF_TRY(pf::gemm_bf16(X, W, Y, T, N, K, epi, true, P->sm_count, s));
     return LB_OK;
 }
 
-// h += X · Wᵀ (X split, N = 1024), then, when norm is not null, xb = RMSNorm(h, norm) for the next GEMM. On the
-// cuBLAS path one epilogue kernel does both (pf::gemm_cublas_resid_norm: the same bits as the two steps); our GEMM adds
-// the residual inside its own epilogue, per output tile, so the norm (it needs the whole row) stays a kernel there.
-int gemm_resid_norm(Prefill* P, const uint16_t* X, const uint16_t* W, int T, int K, const float* norm) {
+// The in-projection y = X · Wᵀ (fp32 [T, N]).
+int gemm_in(Prefill* P, const uint16_t* X, const uint16_t* W, int T, int N) {
+    if (P->gemm == LB_PREFILL_GEMM_CUBLAS && P->inproj_acc)
+        return pf::gemm_cublas_f32_acc(X, W, P->y, T, N, mk::HID, P->H->stream);
+    return gemm(P, X, W, P->y, T, N, mk::HID, pf::EPI_F32);
+}
+
+// h += X · Wᵀ (X split, N = 1024; h: T rows from P->h on), then, when norm is not null, xb = RMSNorm(h, norm) for the
+// next GEMM. On the cuBLAS path one epilogue kernel does both (pf::gemm_cublas_resid_norm: the same bits as the two
+// steps); our GEMM adds the residual inside its own epilogue, per output tile, so the norm (it needs the whole row)
+// stays a kernel there. ldx as gemm.
+int gemm_resid_norm(Prefill* P, const uint16_t* X, const uint16_t* W, float* h, int T, int K, const float* norm,
+                    int ldx = 0) {
     const cudaStream_t s = P->H->stream;
     if (norm && fused_norms(P))
-        return pf::gemm_cublas_resid_norm(X, W, P->h, norm, P->xb, T, mk::HID, K, P->H->cfg.rms_eps, true, P->gemm_scr,
-                                          s);
-    LB_TRY(gemm(P, X, W, P->h, T, mk::HID, K, pf::EPI_RESID));
-    if (norm) PF_TRY(pf::rmsnorm_bf16(P->h, norm, P->xb, T, mk::HID, P->H->cfg.rms_eps, s));
+        return pf::gemm_cublas_resid_norm(X, W, h, norm, P->xb, T, mk::HID, K, P->H->cfg.rms_eps, true, P->gemm_scr,
+                                          s, ldx);
+    LB_TRY(gemm(P, X, W, h, T, mk::HID, K, pf::EPI_RESID, ldx));
+    if (norm) PF_TRY(pf::rmsnorm_bf16(h, norm, P->xb, T, mk::HID, P->H->cfg.rms_eps, s));
     return LB_OK;
 }
 
+// Whether the last layer's tail (out-projection, FFN) runs on one row (tail_row; cuBLAS only: our GEMM reads a
+// contiguous split pair and has no row stride).
+bool tail_rows_only(const Prefill* P) { return P->gemm == LB_PREFILL_GEMM_CUBLAS && P->tail_row; }
+
 // One layer. xb_ready: the previous layer's last epilogue already left RMSNorm(h, L.norm1) in xb; next_norm: the
 // next layer's norm1, applied by this layer's last epilogue (nullptr for the last layer: the LM head norms itself).
-int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0, bool xb_ready, const float* next_norm) {
+// tail: which rows get the out-projection and the FFN: TAIL_ALL, TAIL_LAST (row T - 1 alone) or TAIL_NONE.
+enum { TAIL_ALL, TAIL_LAST, TAIL_NONE };
+int layer_forward(Prefill* P, const mk::Layer& L, int T, int pos0, bool xb_ready, const float* next_norm,
+                  int tail = TAIL_ALL) {
     mk::Handle* H = P->H;
     const cudaStream_t s = H->stream;
     const float eps = H->cfg.rms_eps;
     if (!xb_ready) PF_TRY(pf::rmsnorm_bf16(P->h, L.norm1, P->xb, T, mk::HID, eps, s));
     if (!L.is_attn) {
-        LB_TRY(gemm(P, P->xb, L.w_in, P->y, T, mk::DN_IN, mk::HID, pf::EPI_F32));
+        LB_TRY(gemm_in(P, P->xb, L.w_in, T, mk::DN_IN));
         // conv (ring in and out), the chunked rule, the gated norm into xb: on the tensor-core path three kernels
         // (the conv inside the chunk prep; the norm and the ring write inside the chunk output)
         PF_TRY(pf::dn_layer(P->y, mk::DN_IN, L.conv_state, L.conv_w, L.ssm_a, L.dt_bias, L.ssm_norm, L.S, P->q, P->k,
                             P->v, P->g, P->beta, P->o, P->xb, P->dn_scr, T, pos0, eps, s));
     } else {
         const int mc = H->cfg.max_context;
-        LB_TRY(gemm(P, P->xb, L.w_in, P->y, T, mk::AT_IN, mk::HID, pf::EPI_F32));
+        LB_TRY(gemm_in(P, P->xb, L.w_in, T, mk::AT_IN));
         PF_TRY(pf::attn_prep(P->y, mk::AT_IN, L.q_norm, L.k_norm, P->q, L.kc, L.vc, T, pos0, mk::AT_HQ, mk::AT_HKV, mc,
                              eps, H->cfg.rope_theta, s));
-        // the gate of head h sits right after its q in the interleaved rows: offset 256, head stride 512
-        if (P->attn_tc)
-            PF_TRY(pf::attn_tc(P->q, L.kc, L.vc, P->y + mk::AT_D, mk::AT_IN, 2 * mk::AT_D, P->xb, P->attn_part,
-                               attn_max_splits(P->max_chunk, T), T, pos0, mk::AT_HQ, mk::AT_HKV, mc, s));
-        else
-            PF_TRY(pf::attn_flash(P->q, L.kc, L.vc, P->y + mk::AT_D, mk::AT_IN, 2 * mk::AT_D, P->xb, T, pos0,
-                                  mk::AT_HQ, mk::AT_HKV, mc, s));
+        // Only the queries whose output the tail reads: all T, or (TAIL_LAST) the query of row T - 1 alone, at position
+        // pos0 + T - 1 over the cache rows prep has just written (a one-token chunk's call), into a one-row pair at xb;
+        // none for TAIL_NONE. The gate of head h sits right after its q in the interleaved rows: offset 256, head
+        // stride 512.
+        const int r = tail == TAIL_LAST ? T - 1 : 0, nq = tail == TAIL_LAST ? 1 : T;
+        const float* qf = P->q + (size_t)r * mk::AT_HQ * mk::AT_D;
+        const float* gate = P->y + (size_t)r * mk::AT_IN + mk::AT_D;
+        if (tail != TAIL_NONE && P->attn_tc)
+            PF_TRY(pf::attn_tc(qf, L.kc, L.vc, gate, mk::AT_IN, 2 * mk::AT_D, P->xb, P->attn_part,
+                               attn_max_splits(P->max_chunk, nq), nq, pos0 + r, mk::AT_HQ, mk::AT_HKV, mc, s));
+        else if (tail != TAIL_NONE)
+            PF_TRY(pf::attn_flash(qf, L.kc, L.vc, gate, mk::AT_IN, 2 * mk::AT_D, P->xb, nq, pos0 + r, mk::AT_HQ,
+                                  mk::AT_HKV, mc, s));
     }
-    LB_TRY(gemm_resid_norm(P, P->xb, L.w_out, T, mk::DN_Z, L.norm2));
+    if (tail == TAIL_NONE) return LB_OK;
+    if (tail == TAIL_LAST) {
+        // row T - 1 of the mixer's split output: the attention's one-row pair at xb, or the DeltaNet's row of its
+        // [2][T] pair (hi at xb + r * 2048, lo T rows further: ldx = T * 2048); the norm then leaves a one-row pair
+        // [2][1][1024] at xb, the SwiGLU one at act, both contiguous
+        const size_t r = (size_t)T - 1;
+        float* h = P->h + r * mk::HID;
+        const uint16_t* x = L.is_attn ? P->xb : P->xb + r * mk::DN_Z;
+        LB_TRY(gemm_resid_norm(P, x, L.w_out, h, 1, mk::DN_Z, L.norm2, L.is_attn ? 0 : T * mk::DN_Z));
+        LB_TRY(gemm(P, P->xb, L.w_gu, P->act, 1, mk::FFN, mk::HID, pf::EPI_SWIGLU));
+        return gemm_resid_norm(P, P->act, L.w_down, h, 1, mk::FFN, next_norm);
+    }
+    LB_TRY(gemm_resid_norm(P, P->xb, L.w_out, P->h, T, mk::DN_Z, L.norm2));
     LB_TRY(gemm(P, P->xb, L.w_gu, P->act, T, mk::FFN, mk::HID, pf::EPI_SWIGLU));
-    LB_TRY(gemm_resid_norm(P, P->act, L.w_down, T, mk::FFN, next_norm));
+    LB_TRY(gemm_resid_norm(P, P->act, L.w_down, P->h, T, mk::FFN, next_norm));
     return LB_OK;
 }
 
-// One segment of at most max_chunk tokens at positions pos0 .. pos0 + T - 1.
-int segment(Prefill* P, const int32_t* tokens, int T, int pos0) {
+// One segment of at most max_chunk tokens at positions pos0 .. pos0 + T - 1; final: the prompt's last (its last row
+// feeds the LM head).
+int segment(Prefill* P, const int32_t* tokens, int T, int pos0, bool final) {
     mk::Handle* H = P->H;
     LB_CUDA_TRY(cudaMemcpyAsync(P->tok, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, H->stream));
     PF_TRY(pf::embed_gather(H->wblob, P->tok, P->h, T, mk::HID, H->stream));
     // on the cuBLAS path each layer's down-projection epilogue also writes the next layer's normed input
     const bool fused = fused_norms(P);
+    const int last_tail = !tail_rows_only(P) ? TAIL_ALL : final ? TAIL_LAST : TAIL_NONE;
     for (int l = 0; l < H->cfg.n_layers; ++l) {
         const float* next_norm = fused && l + 1 < H->cfg.n_layers ? H->layers[l + 1].norm1 : nullptr;
-        const int st = layer_forward(P, H->layers[l], T, pos0, fused && l > 0, next_norm);
+        const int st = layer_forward(P, H->layers[l], T, pos0, fused && l > 0, next_norm,
+                                     l + 1 < H->cfg.n_layers ? TAIL_ALL : last_tail);
         if (st != LB_OK) return st;
     }
     return LB_OK;
@@ -213,6 +261,10 @@ extern "C" LB_API int lb_mk_prefill_create_ex(void* mk_handle, int max_chunk, in
     {  // read per context (not once a process), so one process can compare both
         const char* e = std::getenv("LUCEBOX_PREFILL_NORM");
         P->fuse_norm = !(e && std::strcmp(e, "separate") == 0);
+        e = std::getenv("LUCEBOX_PREFILL_TAIL");
+        P->tail_row = !(e && (std::strcmp(e, "all") == 0 || std::strcmp(e, "old") == 0));
+        e = std::getenv("LUCEBOX_PREFILL_INPROJ");
+        P->inproj_acc = e && std::strcmp(e, "accumulate") == 0;
     }
     int st = LB_OK;
     auto fail = [&](int status) {
@@ -267,7 +319,7 @@ extern "C" LB_API int lb_mk_prefill(void* prefill, const int32_t* tokens, int n,
     int done = 0, last_T = 0;
     while (done < n) {
         last_T = std::min(P->max_chunk, n - done);
-        const int st = segment(P, tokens + done, last_T, H->pos + done);
+        const int st = segment(P, tokens + done, last_T, H->pos + done, done + last_T == n);
         if (st != LB_OK) return st;
         done += last_T;
     }

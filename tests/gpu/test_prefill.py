@@ -725,3 +725,99 @@ def test_prefill_dn_tc_vs_fp32(gemm, tmp_path):
             identical = identical and np.array_equal(f, t)
     # the two paths round differently: bit-identical logits everywhere would mean one path ran twice
     assert not identical
+
+
+# ---- the cuBLAS path's knobs: the last layer's tail on one row (default), the in-projection summed by cuBLAS ----------
+
+
+@functools.lru_cache(maxsize=1)
+def model3() -> tuple[Qwen35Config, dict[str, np.ndarray]]:
+    """Three DeltaNet layers: a last layer that is not attention (the tail's other branch)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from make_random_08b import random_internal_weights
+
+    cfg = real_config(3)
+    assert not any(cfg.is_attention(i) for i in range(3))
+    return cfg, {name: bf16(v) for name, v in random_internal_weights(cfg, 6).items()}
+
+
+def knob_run(seq: str, max_chunk: int = 0, layers: int = 4) -> tuple[list[np.ndarray], list[np.ndarray],
+                                                                    dict[str, np.ndarray]]:
+    """The cuBLAS prefill of `seq`'s chunks (the knobs as this process's environment sets them, read when the context is
+    made) on a fresh engine of model4 (layers 4) or model3 (3), with max_chunk (0: the default) to force segments:
+    (every chunk's last logits, every chunk's hidden row P.h, the whole state after the last chunk: caches, DeltaNet
+    state, conv ring)."""
+    cfg, w = model4() if layers == 4 else model3()
+    gpu = mkmod.MegakernelEngine(cfg, w, max_context=MAX_CTX, prefill_mode="decode")
+    try:
+        pf = prefill_for(gpu, "cublas", **({"max_chunk": max_chunk} if max_chunk else {}))
+    except BaseException:
+        gpu.close()
+        raise
+    try:
+        logits, hidden = [], []
+        for p in chunk_prompts(seq):
+            gpu.poison()
+            logits.append(pf.run(p)[1])
+            hidden.append(gpu.read(mkmod.READ_HIDDEN))
+            assert np.isfinite(logits[-1]).all() and np.isfinite(hidden[-1]).all(), "unwritten or NaN outputs"
+        state, n = {}, sum(CHUNK_SEQS[seq])
+        assert gpu.n_past == n
+        for layer in range(cfg.n_layers):
+            if cfg.is_attention(layer):  # the cache rows written so far
+                state[f"k{layer}"] = gpu.read(mkmod.READ_KCACHE, layer)[:n]
+                state[f"v{layer}"] = gpu.read(mkmod.READ_VCACHE, layer)[:n]
+            else:
+                state[f"S{layer}"] = gpu.read(mkmod.READ_STATE, layer)
+                state[f"conv{layer}"] = gpu.read(mkmod.READ_CONV, layer)
+        return logits, hidden, state
+    finally:
+        pf.close()
+        gpu.close()
+
+
+@pytest.mark.parametrize("layers", [4, 3])
+@pytest.mark.parametrize("max_chunk", [0, 64])
+@pytest.mark.parametrize("seq", list(CHUNK_SEQS))
+def test_prefill_tail_row_vs_all_rows(monkeypatch, seq, max_chunk, layers):
+    """The cuBLAS prefill's last layer (the 4-layer model's attention layer, as the 0.8B's) with its attention query,
+    out-projection and FFN on the LM head's row alone (default; with max_chunk 64 the earlier segments skip all three)
+    against every row (LUCEBOX_PREFILL_TAIL=all, the path before): the state, written before that tail (cache rows by
+    the attention prep, DeltaNet state and ring by the earlier layers), bit for bit; the logits and the hidden row at
+    1e-4 (a one-query attention splits its keys differently and the one-row GEMMs accumulate in another order: ~1e-6;
+    a wrong row, head or half shows at ~1), and against the CPU engine at the whole-prefill tests' 1e-2. layers 3: a
+    last DeltaNet layer (its out-projection reads one row of the [2][T] pair through the GEMM's row stride), without
+    the CPU engine."""
+    monkeypatch.delenv("LUCEBOX_PREFILL_TAIL", raising=False)
+    row = knob_run(seq, max_chunk, layers)  # (a skip here where no cuBLAS loads)
+    monkeypatch.setenv("LUCEBOX_PREFILL_TAIL", "all")
+    full = knob_run(seq, max_chunk, layers)
+    for key in full[2]:
+        assert np.array_equal(row[2][key], full[2][key]), f"state {key} differs"
+    ref = cpu_chunks(seq)[1] if layers == 4 else full[0]
+    for n, a, b, ha, hb, r in zip(CHUNK_SEQS[seq], row[0], full[0], row[1], full[1], ref):
+        e, e_h, e_cpu = rel_rms(a, b), rel_rms(ha, hb), rel_rms(a, r)
+        print(f"{seq} chunk of {n} (max_chunk {max_chunk}): tail row vs all rows: logits {e:.2e}, hidden {e_h:.2e}; "
+              f"vs CPU {e_cpu:.2e}")
+        assert e < 1e-4 and e_h < 1e-4 and e_cpu < 1e-2
+
+
+@pytest.mark.parametrize("seq", list(CHUNK_SEQS))
+def test_prefill_inproj_accumulate(monkeypatch, seq):
+    """LUCEBOX_PREFILL_INPROJ=accumulate (the in-projection's split halves summed by cuBLAS: two GEMMs, beta 1 on the
+    second, no epilogue kernel) against the default scratch + epilogue: logits, hidden row and state at 1e-4 (fp32
+    accumulation order only, ~1e-6, though a K/V element may round to the other bf16; a missing half shows at ~4e-3),
+    and against the CPU engine at 1e-2."""
+    monkeypatch.delenv("LUCEBOX_PREFILL_INPROJ", raising=False)
+    base = knob_run(seq)  # (a skip here where no cuBLAS loads)
+    monkeypatch.setenv("LUCEBOX_PREFILL_INPROJ", "accumulate")
+    acc = knob_run(seq)
+    for key in base[2]:
+        e = rel_rms(acc[2][key], base[2][key])
+        assert e < 1e-4, f"state {key}: {e:.2e}"
+    ref = cpu_chunks(seq)[1]
+    for n, a, b, ha, hb, r in zip(CHUNK_SEQS[seq], acc[0], base[0], acc[1], base[1], ref):
+        e, e_h, e_cpu = rel_rms(a, b), rel_rms(ha, hb), rel_rms(a, r)
+        print(f"{seq} chunk of {n}: in-projection accumulated by cuBLAS vs epilogue: logits {e:.2e}, hidden {e_h:.2e}; "
+              f"vs CPU {e_cpu:.2e}")
+        assert e < 1e-4 and e_h < 1e-4 and e_cpu < 1e-2
