@@ -99,6 +99,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 //    (MEMBAR.ALL.GPU) waits only for the few DSMEM stores, not for 24 KB of state stores per block; the
 //    kernel's completion waits for them anyway, but now in parallel with the output norm. State stores
 //    are streaming (st.global.cs): nothing reads them before the next step's kernel for this layer.
+//  - the weights are read with ld.global.cg, which ptxas keeps before griddepcontrol.wait (the shipped form's
+//    read-only loads are scheduled after it), so their DRAM latency overlaps the predecessor.
 //  - kPrefetch ("pushpf"): the state slice and the conv taps are prefetched to L2 BEFORE pdl_wait (see
 //    prefetch_l2: no value is read), so the loads after the wait hit L2 instead of DRAM.
 template <bool kPush, bool kPrefetch>
@@ -162,19 +164,23 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
             for (int t = 0; t < KCONV - 1; ++t) prefetch_l2(conv_state + (size_t)t * C + v_ch);
         }
     }
-    // weights: no wait
+    // weights: no wait. The shipped form reads them through the read-only path (ld.global.nc), which ptxas
+    // schedules AFTER griddepcontrol.wait (SASS: the LDG.E.CONSTANTs follow ACQBULK), so their DRAM latency
+    // runs after the wait. The push form reads them with ld.global.cg (coherent, L2), which stays before it.
+    auto w4 = [](const float* q) {
+        return kPush ? __ldcg(reinterpret_cast<const float4*>(q)) : *reinterpret_cast<const float4*>(q);
+    };
+    auto w1 = [](const float* q) { return kPush ? __ldcg(q) : *q; };
     float4 wq[QK_PER_WARP];
 #pragma unroll
     for (int u = 0; u < QK_PER_WARP; ++u) {
         const int i = warp + u * nwarps;
-        wq[u] = i < QK_CHUNKS ? *reinterpret_cast<const float4*>(conv_w + (size_t)qk_channel(i) * KCONV)
-                              : make_float4(0.f, 0.f, 0.f, 0.f);
+        wq[u] = i < QK_CHUNKS ? w4(conv_w + (size_t)qk_channel(i) * KCONV) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    const float4 wv = v_role ? *reinterpret_cast<const float4*>(conv_w + (size_t)v_ch * KCONV)
-                             : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 wv = v_role ? w4(conv_w + (size_t)v_ch * KCONV) : make_float4(0.f, 0.f, 0.f, 0.f);
     float sa = 0.f, db = 0.f;
-    if (ab_m >= 0 && ab_m < r) sa = ssm_a[kh + ab_m * hk], db = dt_bias[kh + ab_m * hk];
-    const float4 nw = y_role ? *reinterpret_cast<const float4*>(norm_w + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if (ab_m >= 0 && ab_m < r) sa = w1(ssm_a + (kh + ab_m * hk)), db = w1(dt_bias + (kh + ab_m * hk));
+    const float4 nw = y_role ? w4(norm_w + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
     lb::pdl_wait();
 
     // The state slice first: the longest latency, in flight while the conv runs.
