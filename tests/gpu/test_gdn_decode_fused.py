@@ -9,7 +9,8 @@ Each case runs in child processes, one per LUCEBOX_GDN_DECODE value (the knob is
   - under programmatic dependent launch (lb_set_pdl(1)), the steps of ONE layer back to back on a stream and in
     one captured graph: step i + 1's blocks start while step i still runs, so its reads (and "pushpf"'s L2
     prefetch before pdl_wait) race with step i's state and conv writes unless the kernel orders them;
-  - test_gdn_ops.py's decode tests (path, steps, fused vs split, graph replays) under each form.
+  - test_gdn_ops.py's decode tests (path, steps, fused vs split, graph replays) under each form, and the engine
+    tests that caught session 10's pre-wait state loads (test_dflash_engine / test_dflash_pdl, a few cases).
 
 Bench (H200; not a test): `python3 tests/gpu/test_gdn_decode_fused.py --bench` times lb_gdn_decode_step over the
 48 DeltaNet layers of the 27B (48 states of 3.1 MB each: 302 MB, so the states come from DRAM as in a real step)
@@ -57,7 +58,7 @@ def _child(variant: str, mode: str, hk: int, hv: int, out: Path) -> dict:
         env["LUCEBOX_GDN_DECODE"] = variant
     env.pop("LUCEBOX_PDL", None)  # the pdl modes turn it on themselves; the plain mode keeps the default
     r = subprocess.run([sys.executable, __file__, "--dump", str(out), mode, str(hk), str(hv)], env=env,
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return dict(np.load(out))
 
@@ -170,8 +171,22 @@ def test_gdn_ops_decode_suite(variant):
     env = dict(os.environ, LUCEBOX_GDN_DECODE=variant)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "test_gdn_ops.py"),
                         "-k", "decode_path or decode_steps or decode_fused_vs_split or decode_graph_replays"],
-                       env=env, capture_output=True, text=True, timeout=900)
+                       env=env, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_engine_under_variant(variant):
+    """The engine tests that caught session 10's state loads before pdl_wait (a wrong first step after a prefill or
+    a commit; docs/perf.md "A decode step under PDL"), with the push form as the decode DeltaNet kernel: the decode
+    step graph runs under PDL, so pushpf's L2 prefetch before the wait is exercised where that failure showed."""
+    env = dict(os.environ, LUCEBOX_GDN_DECODE=variant)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(HERE / "test_dflash_engine.py"), str(HERE / "test_dflash_pdl.py"),
+                        "-k", "prefill_and_greedy or verify_commit_step or pdl_on_and_off"],
+                       env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert " passed" in r.stdout, "nothing ran (all skipped?):\n" + r.stdout[-2000:]
 
 
 # ---- the bench ----------------------------------------------------------------------------------------------
