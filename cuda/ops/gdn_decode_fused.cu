@@ -40,6 +40,11 @@
 // write y. Barrier (B) at the end keeps every block's shared memory alive until its peers' DSMEM reads
 // are done (a block must not exit while another block of its cluster may still read its smem).
 //
+// The push form (LUCEBOX_GDN_DECODE=push / pushpf; decode_fused_kernel<true, ...>, comment at the template):
+// the same math, but each block pushes its o columns into all peers' shared memory before (A) and stores the
+// state, conv state and y after it, so no cluster barrier's release fence waits for the 3 MB of state stores
+// and barrier (B) goes. docs/perf.md "The decode DeltaNet kernel's barriers" has the latency budget.
+//
 // Not fused (lb_gdn_decode_step keeps the three-kernel path): t > 1, Hv / Hk > 8 (2r warps > 16), a device
 // or build without clusters (sm_86: the RTX 3090 profile), or LUCEBOX_GDN_DECODE=split (read once per
 // process) for A/B.
@@ -63,6 +68,42 @@ namespace {
 constexpr int FUSED_RMAX = 8;                                  // value heads per key head the kernel takes
 constexpr int FUSED_MAX_THREADS = FUSED_RMAX * DELTA_THREADS;  // 2r warps of 32
 
+#if LB_HAS_SM90  // (only the sm_90 kernel body uses them)
+// Split cluster barrier halves (sm_90 PTX). cg's cluster.sync() is arrive.release + wait.acquire, and the
+// release compiles to MEMBAR.ALL.GPU before UCGABAR_ARV: it waits until every store the thread issued so far
+// is acknowledged. A relaxed arrive has no fence (used where nothing before it needs publishing).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// An L2 prefetch of the line holding p: no value reaches the thread and L2 is the device's point of coherence,
+// so a prefetch issued before pdl_wait cannot make a later load see a stale value (a load before the wait can:
+// lb_pdl.cuh). It only moves DRAM latency off the path after the wait.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+#endif
+
+// kPush = false: the shipped kernel (LUCEBOX_GDN_DECODE unset). kPush = true ("push", "pushpf"): the same math
+// and summation orders, with the memory operations moved off the cluster barriers' fences:
+//  - each block PUSHES its o columns into every peer's shared memory (st to DSMEM, before barrier A) instead
+//    of the peers pulling them after it, so after A every block reads only its own shared memory and barrier
+//    (B) goes (a block may exit once A is passed: no peer touches its shared memory after A). The pushes need
+//    the peers resident: a relaxed arrive at the top, its wait just before the first push (long satisfied).
+//  - the new state (3 MB a layer), the conv state and y are stored AFTER barrier A, so A's release fence
+//    (MEMBAR.ALL.GPU) waits only for the few DSMEM stores, not for 24 KB of state stores per block; the
+//    kernel's completion waits for them anyway, but now in parallel with the output norm. State stores
+//    are streaming (st.global.cs): nothing reads them before the next step's kernel for this layer.
+//  - the weights are read with ld.global.cg, which ptxas keeps before griddepcontrol.wait (the shipped form's
+//    read-only loads are scheduled after it), so their DRAM latency overlaps the predecessor.
+//  - kPrefetch ("pushpf"): the state slice and the conv taps are prefetched to L2 BEFORE pdl_wait (see
+//    prefetch_l2: no value is read), so the loads after the wait hit L2 instead of DRAM.
+template <bool kPush, bool kPrefetch>
 __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     decode_fused_kernel(const float* __restrict__ pre, const float* __restrict__ a, const float* __restrict__ b,
                         const float* __restrict__ z, const float* __restrict__ conv_w,
@@ -79,7 +120,8 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     __shared__ float red[QK_CHUNKS];                     // Σ x² per 32-channel chunk (conv_prep's warp sums)
     __shared__ __align__(16) float vs[FUSED_RMAX][DVS];  // v of this block's 16 columns, per value head
     __shared__ float ab[FUSED_RMAX][2];                  // α, β per value head
-    __shared__ __align__(16) float os[FUSED_RMAX][DVS];  // o of this block's columns (read by the peers)
+    // shipped: o of this block's columns (read by the peers); push: o of all 128 columns (written by the peers)
+    __shared__ __align__(16) float os[FUSED_RMAX][kPush ? D : DVS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int r = hv / hk, nwarps = blockDim.x >> 5;  // blockDim.x == 64 r
@@ -99,28 +141,49 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     const bool y_role = warp < r && (lane >> 2) == j;  // the 4 lanes holding this block's columns
     const int yp = kh + warp * hk;
 
-    lb::pdl_trigger();
-    // weights: no wait
-    float4 wq[QK_PER_WARP];
-#pragma unroll
-    for (int u = 0; u < QK_PER_WARP; ++u) {
-        const int i = warp + u * nwarps;
-        wq[u] = i < QK_CHUNKS ? *reinterpret_cast<const float4*>(conv_w + (size_t)qk_channel(i) * KCONV)
-                              : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    const float4 wv = v_role ? *reinterpret_cast<const float4*>(conv_w + (size_t)v_ch * KCONV)
-                             : make_float4(0.f, 0.f, 0.f, 0.f);
-    float sa = 0.f, db = 0.f;
-    if (ab_m >= 0 && ab_m < r) sa = ssm_a[kh + ab_m * hk], db = dt_bias[kh + ab_m * hk];
-    const float4 nw = y_role ? *reinterpret_cast<const float4*>(norm_w + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
-    lb::pdl_wait();
-
-    // The state slice first: the longest latency, in flight while the conv runs.
+    // This thread's state slice (used below the wait): see "The state slice first".
     const int cq = lane & 1, rg = lane >> 1;
     const int sm_m = warp >> 1, p = kh + sm_m * hk;  // this warp's value head
     const int wc = (warp & 1) * DELTA_WCOLS + 4 * cq, col = c0 + wc;
     const int r0 = ROWS_PER_THREAD * rg;
     float* st = state + (size_t)p * D * D;
+
+    if (kPush) cluster_arrive_relaxed();  // phase 0: "this block is resident"; waited for before the pushes
+    lb::pdl_trigger();
+    if (kPrefetch) {
+#pragma unroll
+        for (int mm = 0; mm < ROWS_PER_THREAD; ++mm) prefetch_l2(st + (size_t)(r0 + mm) * D + col);
+        // the conv taps: lanes of a warp cover 32 consecutive channels = one 128-byte line per tap
+#pragma unroll
+        for (int u = 0; u < QK_PER_WARP; ++u) {
+            const int i = warp + u * nwarps;
+            if (i < QK_CHUNKS && lane < KCONV - 1) prefetch_l2(conv_state + (size_t)lane * C + qk_channel(i) - lane);
+        }
+        if (v_role && (ve & 7) == 0) {
+#pragma unroll
+            for (int t = 0; t < KCONV - 1; ++t) prefetch_l2(conv_state + (size_t)t * C + v_ch);
+        }
+    }
+    // weights: no wait. The shipped form reads them through the read-only path (ld.global.nc), which ptxas
+    // schedules AFTER griddepcontrol.wait (SASS: the LDG.E.CONSTANTs follow ACQBULK), so their DRAM latency
+    // runs after the wait. The push form reads them with ld.global.cg (coherent, L2), which stays before it.
+    auto w4 = [](const float* q) {
+        return kPush ? __ldcg(reinterpret_cast<const float4*>(q)) : *reinterpret_cast<const float4*>(q);
+    };
+    auto w1 = [](const float* q) { return kPush ? __ldcg(q) : *q; };
+    float4 wq[QK_PER_WARP];
+#pragma unroll
+    for (int u = 0; u < QK_PER_WARP; ++u) {
+        const int i = warp + u * nwarps;
+        wq[u] = i < QK_CHUNKS ? w4(conv_w + (size_t)qk_channel(i) * KCONV) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    const float4 wv = v_role ? w4(conv_w + (size_t)v_ch * KCONV) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float sa = 0.f, db = 0.f;
+    if (ab_m >= 0 && ab_m < r) sa = w1(ssm_a + (kh + ab_m * hk)), db = w1(dt_bias + (kh + ab_m * hk));
+    const float4 nw = y_role ? w4(norm_w + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+    lb::pdl_wait();
+
+    // The state slice first: the longest latency, in flight while the conv runs.
     float S[ROWS_PER_THREAD][4];
 #pragma unroll
     for (int mm = 0; mm < ROWS_PER_THREAD; ++mm) {
@@ -163,10 +226,12 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     }
     if (v_role) {
         vs[vm][ve] = siluf_(xv[0] * wv.x + xv[1] * wv.y + xv[2] * wv.z + xv[3] * wv.w);
-        // this thread is the channel's only reader and only writer: advance it now
-        conv_state[v_ch] = xv[1];
-        conv_state[(size_t)C + v_ch] = xv[2];
-        conv_state[(size_t)2 * C + v_ch] = xv[3];
+        // this thread is the channel's only reader and only writer: advance it now (push: after barrier A)
+        if (!kPush) {
+            conv_state[v_ch] = xv[1];
+            conv_state[(size_t)C + v_ch] = xv[2];
+            conv_state[(size_t)2 * C + v_ch] = xv[3];
+        }
     }
     if (ab_m >= 0 && ab_m < r) {
         // conv_prep stores g, delta_kernel takes expf(g): the same two roundings
@@ -220,21 +285,50 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
         float u[4];
 #pragma unroll
         for (int c = 0; c < 4; ++c) u[c] = bt * (vc[c] - alpha * part[c]);
-        if (rg == 0) {
-            float oc[4];
+        if (!kPush) {
+            if (rg == 0) {
+                float oc[4];
 #pragma unroll
-            for (int c = 0; c < 4; ++c) oc[c] = fmaf(alpha, part[4 + c], part[8] * u[c]);
-            *reinterpret_cast<float4*>(&os[sm_m][wc]) = make_float4(oc[0], oc[1], oc[2], oc[3]);
+                for (int c = 0; c < 4; ++c) oc[c] = fmaf(alpha, part[4 + c], part[8] * u[c]);
+                *reinterpret_cast<float4*>(&os[sm_m][wc]) = make_float4(oc[0], oc[1], oc[2], oc[3]);
+            }
+        } else {
+            // every lane holds the column sums (the xor butterfly leaves the same sum in all 16 lanes of a
+            // column quad, bit for bit: a + b == b + a), so lane rg < 8 pushes the quad to cluster rank rg
+            cluster_wait();  // phase 0: every peer is resident (its shared memory exists)
+            if (rg < NSLICE) {
+                float oc[4];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) oc[c] = fmaf(alpha, part[4 + c], part[8] * u[c]);
+                *reinterpret_cast<float4*>(cluster.map_shared_rank(&os[sm_m][col], rg)) =
+                    make_float4(oc[0], oc[1], oc[2], oc[3]);
+            }
         }
 #pragma unroll
         for (int mm = 0; mm < ROWS_PER_THREAD; ++mm) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) S[mm][c] = fmaf(alpha, S[mm][c], kk[mm] * u[c]);
-            *reinterpret_cast<float4*>(st + (size_t)(r0 + mm) * D + col) =
-                make_float4(S[mm][0], S[mm][1], S[mm][2], S[mm][3]);
+            if (!kPush)
+                *reinterpret_cast<float4*>(st + (size_t)(r0 + mm) * D + col) =
+                    make_float4(S[mm][0], S[mm][1], S[mm][2], S[mm][3]);
         }
     }
-    cluster.sync();  // (A) every block's os is written, and every block has read its q / k taps
+    if (!kPush) {
+        cluster.sync();  // (A) every block's os is written, and every block has read its q / k taps
+    } else {
+        cluster_arrive_release();  // (A) this block's pushes are in the peers' os, its q / k taps are read
+        cluster_wait();
+        // the new state: the bulk of the kernel's stores, issued first; no fence waits for them now
+#pragma unroll
+        for (int mm = 0; mm < ROWS_PER_THREAD; ++mm)
+            __stcs(reinterpret_cast<float4*>(st + (size_t)(r0 + mm) * D + col),
+                   make_float4(S[mm][0], S[mm][1], S[mm][2], S[mm][3]));
+        if (v_role) {
+            conv_state[v_ch] = xv[1];
+            conv_state[(size_t)C + v_ch] = xv[2];
+            conv_state[(size_t)2 * C + v_ch] = xv[3];
+        }
+    }
 
     // The q / k conv state: block j advances q and k channels 16j .. 16j+15 (chunks j / 2 and 4 + j / 2,
     // lanes 16 (j & 1) ..), from the taps it holds; no block of the cluster reads them after (A).
@@ -251,8 +345,9 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     // The gated RMSNorm, out_norm_kernel's layout and order: warp m reads head p's 128 o values from the 8
     // blocks (lane l <- columns 4l .. 4l+3, block l / 4), sums their squares, and lanes 4j .. 4j+3 write y.
     if (warp < r) {
-        const float4 x = *reinterpret_cast<const float4*>(cluster.map_shared_rank(&os[warp][0], lane >> 2) +
-                                                          4 * (lane & 3));
+        const float4 x = kPush ? *reinterpret_cast<const float4*>(&os[warp][4 * lane])
+                               : *reinterpret_cast<const float4*>(cluster.map_shared_rank(&os[warp][0], lane >> 2) +
+                                                                  4 * (lane & 3));
         const float ss = lb::warp_sum(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w);
         const float rr = rsqrtf(ss / D + eps);
         if (y_role) {
@@ -264,22 +359,27 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
             *reinterpret_cast<float4*>(y + (size_t)yp * D + 4 * lane) = out;
         }
     }
-    cluster.sync();  // (B) no block leaves while a peer may still read its shared memory
+    if (!kPush) cluster.sync();  // (B) no block leaves while a peer may still read its shared memory
 #endif
 }
 
-// LUCEBOX_GDN_DECODE: "split" keeps lb_gdn_decode_step on conv_prep + delta + out_norm; unset or anything
-// else: the fused kernel where it applies. Read once per process.
-bool fused_wanted() {
-    static const bool on = [] {
-        const char* v = std::getenv("LUCEBOX_GDN_DECODE");
-        return !(v && std::strcmp(v, "split") == 0);
+// LUCEBOX_GDN_DECODE: "split" keeps lb_gdn_decode_step on conv_prep + delta + out_norm; "push" and "pushpf"
+// select the fused kernel's push form (decode_fused_kernel<true, ...>: no end barrier, the stores after the
+// barrier's fence; "pushpf" also prefetches the state to L2 before pdl_wait); unset or anything else: the
+// shipped fused kernel where it applies. Read once per process.
+enum Variant { kSplit = 0, kShipped = 1, kPushV = 2, kPushPf = 3 };
+int variant() {
+    static const int v = [] {
+        const char* e = std::getenv("LUCEBOX_GDN_DECODE");
+        if (e && std::strcmp(e, "split") == 0) return (int)kSplit;
+        if (e && std::strcmp(e, "push") == 0) return (int)kPushV;
+        if (e && std::strcmp(e, "pushpf") == 0) return (int)kPushPf;
+        return (int)kShipped;
     }();
-    return on;
+    return v;
 }
+bool fused_wanted() { return variant() != kSplit; }
 
-// Whether the current device can run the kernel: thread-block clusters (sm_90+) AND a kernel image built
-// for them (the sm_86 profile's PTX JIT-compiled on an H200 would be the empty body above). Per device.
 bool device_ok() {
     static int cache[16];
     static bool known[16] = {};
@@ -289,7 +389,7 @@ bool device_ok() {
     int cl = 0;
     cudaFuncAttributes fa = {};
     const bool ok = cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, dev) == cudaSuccess && cl &&
-                    cudaFuncGetAttributes(&fa, decode_fused_kernel) == cudaSuccess && fa.ptxVersion >= 90 &&
+                    cudaFuncGetAttributes(&fa, decode_fused_kernel<false, false>) == cudaSuccess && fa.ptxVersion >= 90 &&
                     fa.binaryVersion >= 90;
     if (!ok) (void)cudaGetLastError();  // a failed query leaves no sticky error for the caller
     if (dev >= 0 && dev < 16) cache[dev] = ok ? 1 : 0, known[dev] = true;
@@ -320,8 +420,14 @@ int decode_fused(const float* pre, const float* a, const float* b, const float* 
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = lb::pdl_enabled() ? 2 : 1;
-    return (int)cudaLaunchKernelEx(&cfg, decode_fused_kernel, pre, a, b, z, conv_w, ssm_a, dt_bias, norm_w,
-                                   conv_state, state, y, hk, hv, eps);
+    // the three forms share arguments, shape and launch; one build holds them all (device_ok checks one image)
+    void (*kernel)(const float*, const float*, const float*, const float*, const float*, const float*, const float*,
+                   const float*, float*, float*, float*, int, int, float) =
+        variant() == kPushPf ? decode_fused_kernel<true, true>
+        : variant() == kPushV ? decode_fused_kernel<true, false>
+                              : decode_fused_kernel<false, false>;
+    return (int)cudaLaunchKernelEx(&cfg, kernel, pre, a, b, z, conv_w, ssm_a, dt_bias, norm_w, conv_state, state, y,
+                                   hk, hv, eps);
 }
 
 }  // namespace gdn
