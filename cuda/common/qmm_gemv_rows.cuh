@@ -362,6 +362,205 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
     }
 }
 
+// ---- n = 1, Q6_K_T: one mma column per (sub-block, lane) ("cols", LUCEBOX_Q6_GEMV=cols; session 11) -----------
+//
+// gemv_q6_tile_kernel<6, true> spends ~23 instructions per 32-bit ql word (8 weights of one row) on the A fragments:
+// two 2-LOP3 "or" terms per half-word pair, shifts, then q − 32 (HSUB2) and × d·sc (HMUL2) on each of four half2,
+// because an mma step's 16 k slots belong to four sub-blocks (one per t) and so the scales have to be inside A. Here
+// the mma's eight columns keep them apart instead, so A is the raw q − 32 (exact in fp16) and the scales are
+// applied once per item in fp32:
+//   lane (g, t) feeds mma (c, u, p) (c: 128-weight half, u: word, p: bytes (0, 2) or (1, 3) of the word) with
+//   a0 / a1 = rows g / g + 8, k slots (2t, 2t + 1) = the lo weights (128c + 16t + 4u + p, + 2),
+//   a2 / a3 = the same rows, k slots (2t + 8, 2t + 9) = the hi weights (+ 64);
+//   B column n = 2t' + e takes x only from lane (n, t') and only in its lo (e = 0: b0) or hi (e = 1: b1) slots,
+//   every other lane's B is zero, so C[row][2t + e] = Σ over the item's 8 mmas of group c of sub-block
+//   (8c + 4e + t) of that row: lane (g, t)'s four accumulators are exactly its own two sub-blocks of rows g and g + 8,
+//   and their int8 scales are bytes t of the scale words the lane already holds.
+// A per word (4 half2 = 8 weights of one row): hq = (qh >> 2(t >> 1)) & 0x33333333 (the lane's 2-bit high parts:
+// bits 0-1 lo, 4-5 hi of each byte), W_lo = select(ql, hq << 4, 0x0F0F0F0F), W_hi = select(ql >> 4, hq, 0x0F0F0F0F)
+// (bytes = 6-bit q), one PRMT per half2 puts bytes (0, 2) / (1, 3) under 0x64 (1024 + q) and one HSUB2 removes
+// 1056: 10 + 4 = 14 instructions against ~23. The B fragments come from a per-warp 1 KB buffer of (b0, b1, b0, b1)
+// entries with the zeros in place (written once at the start, never overwritten), one LDS.128 per (c, u) as before;
+// the lanes whose B is zero read a block-wide zero kilobyte at the same offsets. Per item: 8 scale conversions and
+// 10 FFMA in fp32 (y_g += d_g · Σ sc·C), and the 16 mmas as before.
+// Numerics: A is exact (q − 32), B is qmm_item's fp16 x, products exact and summed in the mma's fp32, then sc·C and
+// d·Σ in fp32. The shipped kernel rounds (q − 32)·fp16(d·sc) to fp16 per weight; this one does not, so it is at
+// least as accurate (not bit-identical: different rounding and order).
+struct Q6Cols {
+    static constexpr int kBytes = 1024;  // 2 c × 4 u × 4 t × 2 e entries of 16 bytes
+    // entry (c, u, t, e): words (b0, b1) of mma p = 02, then (b0, b1) of p = 13
+    __host__ __device__ static constexpr int entry(int c, int u, int t, int e) { return 128 * (4 * c + u) + 16 * (2 * t + e); }
+    // lane L's float4 h of the item's x (x[128h + 4L .. + 3]: c = h, e = L >> 4, t = (L >> 2) & 3, u = L & 3): the
+    // byte of its p = 02 pair (p = 13: 8 bytes on), the nonzero word of its entry (word e, resp. 2 + e)
+    __host__ __device__ static constexpr int store_off(int lane) {
+        return entry(0, lane & 3, (lane >> 2) & 3, lane >> 4) + 4 * (lane >> 4);
+    }
+};
+
+// Lane `lane`'s float4 lane and 32 + lane of the item's x (its own cp.async copies at xf, xf + 512) -> the warp's
+// B buffer bs (the p = 02 / p = 13 pairs, cvt.rn as qmm_item), at Q6Cols::store_off(lane) (so = that).
+__device__ __forceinline__ void q6c_xs_store(uint8_t* bs, uint32_t xf, int so) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    float4 xv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(xv[h].x), "=f"(xv[h].y), "=f"(xv[h].z), "=f"(xv[h].w)
+                     : "r"(xf + 512 * h)
+                     : "memory");
+    __syncwarp();  // every lane's reads of the previous item's B are done
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        *reinterpret_cast<uint32_t*>(bs + so + 512 * h) = h2_bits(__floats2half2_rn(xv[h].x, xv[h].z));
+        *reinterpret_cast<uint32_t*>(bs + so + 512 * h + 8) = h2_bits(__floats2half2_rn(xv[h].y, xv[h].w));
+    }
+    __syncwarp();
+}
+
+constexpr uint32_t kSelect = 0xE4;  // lop3: (a & c) | (b & ~c)
+
+// The A fragments of one 32-bit word pair of one row: ql word w (8 weights: lo nibbles, hi nibbles) and its qh word
+// already reduced to the lane's 2-bit parts (hq: bits 0-1 lo, 4-5 hi of each byte; 2-3, 6-7 zero): q − 32 as half2
+// for bytes (0, 2) and (1, 3), lo and hi.
+__device__ __forceinline__ void q6c_word(uint32_t w, uint32_t hq, uint32_t& lo02, uint32_t& lo13, uint32_t& hi02,
+                                         uint32_t& hi13) {
+    const uint32_t wl = lop3<kSelect>(w, hq << 4, 0x0F0F0F0Fu);
+    const uint32_t wh = lop3<kSelect>(w >> 4, hq, 0x0F0F0F0Fu);
+    lo02 = h2_bits(__hsub2(bits_h2(__byte_perm(wl, 0x64646464u, 0x4240)), kSub1056()));
+    lo13 = h2_bits(__hsub2(bits_h2(__byte_perm(wl, 0x64646464u, 0x4341)), kSub1056()));
+    hi02 = h2_bits(__hsub2(bits_h2(__byte_perm(wh, 0x64646464u, 0x4240)), kSub1056()));
+    hi13 = h2_bits(__hsub2(bits_h2(__byte_perm(wh, 0x64646464u, 0x4341)), kSub1056()));
+}
+
+// Chunk c (128-weight half) of one item: the 8 mmas of (u, p) into C (zeroed by the first), B from bl (this lane's
+// entry base, or the zero kilobyte), qh shift s2 = 2(t >> 1).
+template <int C>
+__device__ __forceinline__ void q6c_chunk(const Traits<Q6_K>::Row (&r)[2], const uint8_t* bl, int s2, float (&acc)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const uint4 b = *reinterpret_cast<const uint4*>(bl + Q6Cols::entry(C, u, 0, 0));
+        uint32_t lo02[2], lo13[2], hi02[2], hi13[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t hq = ((&r[h].v[2 + C].x)[u] >> s2) & 0x33333333u;
+            q6c_word((&r[h].v[C].x)[u], hq, lo02[h], lo13[h], hi02[h], hi13[h]);
+        }
+        if (u == 0) mma16816_zero(acc, lo02[0], lo02[1], hi02[0], hi02[1], b.x, b.y);
+        else mma16816(acc, lo02[0], lo02[1], hi02[0], hi02[1], b.x, b.y);
+        mma16816(acc, lo13[0], lo13[1], hi13[0], hi13[1], b.z, b.w);
+    }
+}
+
+// y[h] += d_h · Σ_{c, e} sc(h, 8c + 4e + t) · C_c[2h + e]: the int8 scale of sub-block 8c + 4e + t of row g + 8h is
+// byte t of word 2c + e of the row's scale piece.
+__device__ __forceinline__ void q6c_scale(const Traits<Q6_K>::Row (&r)[2], const float (&c0)[4], const float (&c1)[4],
+                                          float d0, float d1, int sh8, float (&y)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint4 sw = r[h].v[4];
+        const float s00 = (float)(int8_t)(sw.x >> sh8), s01 = (float)(int8_t)(sw.y >> sh8);
+        const float s10 = (float)(int8_t)(sw.z >> sh8), s11 = (float)(int8_t)(sw.w >> sh8);
+        float s = s00 * c0[2 * h];
+        s = fmaf(s01, c0[2 * h + 1], s);
+        s = fmaf(s10, c1[2 * h], s);
+        s = fmaf(s11, c1[2 * h + 1], s);
+        y[h] = fmaf(h ? d1 : d0, s, y[h]);
+    }
+}
+
+// gemv_q6_tile_kernel<kBlocks, true>'s items, loads (the tiled layout, one item ahead), x staging by cp.async and
+// stream-K shares; the arithmetic above. The flush sums the four t lanes of a row (two shuffles) and adds once.
+template <int kBlocks>
+__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
+    using Row = Traits<Q6_K>::Row;
+    __shared__ __align__(16) uint8_t bs_all[kWarps][Q6Cols::kBytes];      // B entries, zeros in place
+    __shared__ __align__(16) uint8_t xf_all[kWarps][2 * Q6Xs::kBytes];    // the next item's fp32 x (cp.async)
+    __shared__ __align__(16) uint8_t zero_kb[Q6Cols::kBytes];             // B of the lanes that feed no column
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    // zero both buffers before anything can return (stream_k_share) or read them; constants, so before pdl_wait
+    static_assert(Q6Cols::kBytes / 16 <= kThreads, "one 16-byte store per thread zeroes zero_kb");
+    if (threadIdx.x < Q6Cols::kBytes / 16) reinterpret_cast<uint4*>(zero_kb)[threadIdx.x] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < Q6Cols::kBytes / (16 * 32); ++i)
+        reinterpret_cast<uint4*>(bs_all[warp])[lane + 32 * i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    const int nb = a.k / QK;
+    pdl_trigger();
+    int64_t it0, end0;
+    if (!stream_k_share(a, it0, end0)) return;
+    int left = (int)(end0 - it0);
+    int tr = (int)(it0 / nb) * kWarps + warp;
+    int kb = (int)(it0 % nb);
+    const int n_tiles = (int)(a.n_rows / kTileRows);
+    const int o_ql = Q6T::kQl + 16 * lane, o_qh = Q6T::kQh + 32 * g + 16 * (t & 1), o_sc = Q6T::kSc + 16 * g,
+              o_d = Q6T::kD + 4 * g;
+    const int s2 = 2 * (t >> 1), sh8 = 8 * t;
+    uint8_t* const bs = bs_all[warp];
+    const int so = Q6Cols::store_off(lane);
+    // lane (g, t) feeds column g with sub-block part e = g & 1 of lane t = g >> 1's k slots: its entry, else zeros
+    const uint8_t* const bl = (g >> 1) == t ? bs + Q6Cols::entry(0, 0, t, g & 1) : zero_kb;
+
+    Row rr[2];
+    uint32_t d2 = 0;
+    auto load = [&]() {
+        if (tr >= n_tiles) return;
+        const uint8_t* p = a.w + ((int64_t)tr * nb + kb) * Q6T::kBytes;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                rr[h].v[c] = ldg_stream(p + o_ql + 512 * (2 * c + h));
+                rr[h].v[2 + c] = ldg_stream(p + o_qh + 256 * (2 * c + h));
+            }
+            rr[h].v[4] = ldg_stream(p + o_sc + 128 * h);
+        }
+        d2 = ldg_stream4(p + o_d);
+    };
+    const uint32_t xf = (uint32_t)__cvta_generic_to_shared(xf_all[warp] + 16 * lane);
+    auto load_x = [&]() {
+        if (tr >= n_tiles) return;
+        const float* xp = a.x + kb * QK + 4 * lane;
+        q6_cp_async16(xf, xp);
+        q6_cp_async16(xf + 512, xp + 128);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+
+    float y[2] = {0.0f, 0.0f};
+    load();
+    pdl_wait();
+    load_x();
+    for (;;) {
+        const bool live = tr < n_tiles;
+        if (live) {
+            q6c_xs_store(bs, xf, so);
+            float c0[4], c1[4];
+            q6c_chunk<0>(rr, bl, s2, c0);
+            q6c_chunk<1>(rr, bl, s2, c1);
+            const float2 d = __half22float2(bits_h2(d2));
+            q6c_scale(rr, c0, c1, d.x, d.y, sh8, y);
+        }
+        --left;
+        if ((kb + 1 == nb || left == 0) && live) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v = y[h];
+                v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+                v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+                if (t == 0) atomicAdd(a.y + (int64_t)tr * kTileRows + g + 8 * h, v);
+                y[h] = 0.0f;
+            }
+        }
+        if (left == 0) break;
+        if (++kb == nb) {
+            kb = 0;
+            tr += kWarps;
+        }
+        load();
+        load_x();
+    }
+}
+
 // ---- n = 1, a Q6_K_T and a Q4_K_T product of the same x in one launch (gemv_q6q4_tile_kernel) ---------------
 //
 // The 27B decode's DeltaNet layer runs attn_qkv (Q6_K_T 10240×5120, 43 MB) and attn_gate + ssm_beta + ssm_alpha
@@ -549,6 +748,16 @@ inline bool gemv_q6_xs_enabled() {
     static const bool on = [] {
         const char* e = std::getenv("LUCEBOX_Q6_GEMV");
         return !(e && std::strcmp(e, "old") == 0);
+    }();
+    return on;
+}
+
+// Whether n = 1 Q6_K_T runs gemv_q6_cols_kernel (one mma column per sub-block and lane, session 11): only under
+// LUCEBOX_Q6_GEMV=cols (for A/B runs; the default stays gemv_q6_tile_kernel<6, true>). Read once per process.
+inline bool gemv_q6_cols_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("LUCEBOX_Q6_GEMV");
+        return e && std::strcmp(e, "cols") == 0;
     }();
     return on;
 }
