@@ -378,16 +378,19 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
 //   and their int8 scales are bytes t of the scale words the lane already holds.
 // A per word (4 half2 = 8 weights of one row): hq = (qh >> 2(t >> 1)) & 0x33333333 (the lane's 2-bit high parts:
 // bits 0-1 lo, 4-5 hi of each byte), W_lo = select(ql, hq << 4, 0x0F0F0F0F), W_hi = select(ql >> 4, hq, 0x0F0F0F0F)
-// (bytes = 6-bit q), one PRMT per half2 puts bytes (0, 2) / (1, 3) under 0x64 (1024 + q) and one HSUB2 removes
-// 1056: 10 + 4 = 14 instructions against ~23. The B fragments come from a per-warp 1 KB buffer of (b0, b1, b0, b1)
+// (bytes = 6-bit q), one PRMT per half2 puts bytes (0, 2) / (1, 3) under 0x64: A = 1024 + q, exact; the − 1056·x
+// is one extra mma per 128-weight chunk (A = −1056, B = each column's 16 x): ~11 instructions per word against ~23. The B fragments come from a per-warp 1 KB buffer of (b0, b1, b0, b1)
 // entries with the zeros in place (written once at the start, never overwritten), one LDS.128 per (c, u) as before;
 // the lanes whose B is zero read a block-wide zero kilobyte at the same offsets. Per item: 8 scale conversions and
-// 10 FFMA in fp32 (y_g += d_g · Σ sc·C), and the 16 mmas as before.
-// Numerics: A is exact (q − 32), B is qmm_item's fp16 x, products exact and summed in the mma's fp32, then sc·C and
+// 12 FFMA / FMUL in fp32 (y_g += d_g · Σ sc·C), and the 16 mmas as before plus 2.
+// Numerics: A is exact (1024 + q and −1056), B is qmm_item's fp16 x, products exact and summed in the mma's fp32
+// (which cancels 1056·Σx: ~60× the fp32 rounding, still ~100× below the fp16 rounding of x), then sc·C and
 // d·Σ in fp32. The shipped kernel rounds (q − 32)·fp16(d·sc) to fp16 per weight; this one does not, so it is at
 // least as accurate (not bit-identical: different rounding and order).
 struct Q6Cols {
-    static constexpr int kBytes = 1024;  // 2 c × 4 u × 4 t × 2 e entries of 16 bytes
+    static constexpr int kBytes = 1024;     // 2 c × 4 u × 4 t × 2 e entries of 16 bytes
+    static constexpr int kNatBytes = 512;   // the same 256 fp16 x in their natural order: float4 i's pairs at 8i
+    static constexpr uint32_t kNeg1056 = 0xE420E420u;  // two halves of −1056 (exact)
     // entry (c, u, t, e): words (b0, b1) of mma p = 02, then (b0, b1) of p = 13
     __host__ __device__ static constexpr int entry(int c, int u, int t, int e) { return 128 * (4 * c + u) + 16 * (2 * t + e); }
     // lane L's float4 h of the item's x (x[128h + 4L .. + 3]: c = h, e = L >> 4, t = (L >> 2) & 3, u = L & 3): the
@@ -398,8 +401,9 @@ struct Q6Cols {
 };
 
 // Lane `lane`'s float4 lane and 32 + lane of the item's x (its own cp.async copies at xf, xf + 512) -> the warp's
-// B buffer bs (the p = 02 / p = 13 pairs, cvt.rn as qmm_item), at Q6Cols::store_off(lane) (so = that).
-__device__ __forceinline__ void q6c_xs_store(uint8_t* bs, uint32_t xf, int so) {
+// B buffer bs (the p = 02 / p = 13 pairs, cvt.rn as qmm_item), at Q6Cols::store_off(lane) (so = that), and the same
+// pairs in natural order at nat + 8·(32h + lane) (one STS.64; a half-warp's 128 contiguous bytes).
+__device__ __forceinline__ void q6c_xs_store(uint8_t* bs, uint8_t* nat, uint32_t xf, int so, int lane) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     float4 xv[2];
 #pragma unroll
@@ -411,8 +415,11 @@ __device__ __forceinline__ void q6c_xs_store(uint8_t* bs, uint32_t xf, int so) {
     __syncwarp();  // every lane's reads of the previous item's B are done
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        *reinterpret_cast<uint32_t*>(bs + so + 512 * h) = h2_bits(__floats2half2_rn(xv[h].x, xv[h].z));
-        *reinterpret_cast<uint32_t*>(bs + so + 512 * h + 8) = h2_bits(__floats2half2_rn(xv[h].y, xv[h].w));
+        const uint32_t p02 = h2_bits(__floats2half2_rn(xv[h].x, xv[h].z));
+        const uint32_t p13 = h2_bits(__floats2half2_rn(xv[h].y, xv[h].w));
+        *reinterpret_cast<uint32_t*>(bs + so + 512 * h) = p02;
+        *reinterpret_cast<uint32_t*>(bs + so + 512 * h + 8) = p13;
+        *reinterpret_cast<uint2*>(nat + 8 * (32 * h + lane)) = make_uint2(p02, p13);
     }
     __syncwarp();
 }
@@ -420,22 +427,31 @@ __device__ __forceinline__ void q6c_xs_store(uint8_t* bs, uint32_t xf, int so) {
 constexpr uint32_t kSelect = 0xE4;  // lop3: (a & c) | (b & ~c)
 
 // The A fragments of one 32-bit word pair of one row: ql word w (8 weights: lo nibbles, hi nibbles) and its qh word
-// already reduced to the lane's 2-bit parts (hq: bits 0-1 lo, 4-5 hi of each byte; 2-3, 6-7 zero): q − 32 as half2
-// for bytes (0, 2) and (1, 3), lo and hi.
+// already reduced to the lane's 2-bit parts (hq: bits 0-1 lo, 4-5 hi of each byte; 2-3, 6-7 zero): 1024 + q as half2
+// (exact) for bytes (0, 2) and (1, 3), lo and hi. The − 1056 is one mma per chunk (q6c_chunk), not an HSUB2 each.
 __device__ __forceinline__ void q6c_word(uint32_t w, uint32_t hq, uint32_t& lo02, uint32_t& lo13, uint32_t& hi02,
                                          uint32_t& hi13) {
     const uint32_t wl = lop3<kSelect>(w, hq << 4, 0x0F0F0F0Fu);
     const uint32_t wh = lop3<kSelect>(w >> 4, hq, 0x0F0F0F0Fu);
-    lo02 = h2_bits(__hsub2(bits_h2(__byte_perm(wl, 0x64646464u, 0x4240)), kSub1056()));
-    lo13 = h2_bits(__hsub2(bits_h2(__byte_perm(wl, 0x64646464u, 0x4341)), kSub1056()));
-    hi02 = h2_bits(__hsub2(bits_h2(__byte_perm(wh, 0x64646464u, 0x4240)), kSub1056()));
-    hi13 = h2_bits(__hsub2(bits_h2(__byte_perm(wh, 0x64646464u, 0x4341)), kSub1056()));
+    lo02 = __byte_perm(wl, 0x64646464u, 0x4240);
+    lo13 = __byte_perm(wl, 0x64646464u, 0x4341);
+    hi02 = __byte_perm(wh, 0x64646464u, 0x4240);
+    hi13 = __byte_perm(wh, 0x64646464u, 0x4341);
 }
 
-// Chunk c (128-weight half) of one item: the 8 mmas of (u, p) into C (zeroed by the first), B from bl (this lane's
-// entry base, or the zero kilobyte), qh shift s2 = 2(t >> 1).
+// Chunk c (128-weight half) of one item into C: first C = −1056 · Σ x of each column's sub-block (one mma: A all
+// −1056, and lane (g, t) gives column g the 4 x of word u = t of sub-block (c, g & 1, g >> 1), float4
+// 32c + 16(g & 1) + 4(g >> 1) + t of the natural-order copy at nl + 256c), then the 8 mmas of (u, p) with A = 1024 + q,
+// B from bl (this lane's entry base, or the zero kilobyte); qh shift s2 = 2(t >> 1). C = Σ (q − 32)·x per column:
+// exact products, the cancellation of 1056·Σx in the mma's fp32 (~2^-24 · 60 relative, far below fp16 x).
 template <int C>
-__device__ __forceinline__ void q6c_chunk(const Traits<Q6_K>::Row (&r)[2], const uint8_t* bl, int s2, float (&acc)[4]) {
+__device__ __forceinline__ void q6c_chunk(const Traits<Q6_K>::Row (&r)[2], const uint8_t* bl, const uint8_t* nl, int s2,
+                                          float (&acc)[4]) {
+    {
+        const uint2 bc = *reinterpret_cast<const uint2*>(nl + 256 * C);
+        constexpr uint32_t k = Q6Cols::kNeg1056;
+        mma16816_zero(acc, k, k, k, k, bc.x, bc.y);
+    }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
         const uint4 b = *reinterpret_cast<const uint4*>(bl + Q6Cols::entry(C, u, 0, 0));
@@ -445,26 +461,22 @@ __device__ __forceinline__ void q6c_chunk(const Traits<Q6_K>::Row (&r)[2], const
             const uint32_t hq = ((&r[h].v[2 + C].x)[u] >> s2) & 0x33333333u;
             q6c_word((&r[h].v[C].x)[u], hq, lo02[h], lo13[h], hi02[h], hi13[h]);
         }
-        if (u == 0) mma16816_zero(acc, lo02[0], lo02[1], hi02[0], hi02[1], b.x, b.y);
-        else mma16816(acc, lo02[0], lo02[1], hi02[0], hi02[1], b.x, b.y);
+        mma16816(acc, lo02[0], lo02[1], hi02[0], hi02[1], b.x, b.y);
         mma16816(acc, lo13[0], lo13[1], hi13[0], hi13[1], b.z, b.w);
     }
 }
 
-// y[h] += d_h · Σ_{c, e} sc(h, 8c + 4e + t) · C_c[2h + e]: the int8 scale of sub-block 8c + 4e + t of row g + 8h is
-// byte t of word 2c + e of the row's scale piece.
-__device__ __forceinline__ void q6c_scale(const Traits<Q6_K>::Row (&r)[2], const float (&c0)[4], const float (&c1)[4],
-                                          float d0, float d1, int sh8, float (&y)[2]) {
+// y[h] += d_h · Σ_e sc(h, 8c + 4e + t) · C[2h + e] for chunk c: the int8 scale of sub-block 8c + 4e + t of row
+// g + 8h is byte t of word 2c + e of the row's scale piece. (Per chunk, so that chunk 0's C is dead before chunk 1:
+// with both held to the end, ptxas spilled 4 bytes at the 80-register cap.)
+template <int C>
+__device__ __forceinline__ void q6c_scale(const Traits<Q6_K>::Row (&r)[2], const float (&acc)[4], float d0, float d1,
+                                          int sh8, float (&y)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const uint4 sw = r[h].v[4];
-        const float s00 = (float)(int8_t)(sw.x >> sh8), s01 = (float)(int8_t)(sw.y >> sh8);
-        const float s10 = (float)(int8_t)(sw.z >> sh8), s11 = (float)(int8_t)(sw.w >> sh8);
-        float s = s00 * c0[2 * h];
-        s = fmaf(s01, c0[2 * h + 1], s);
-        s = fmaf(s10, c1[2 * h], s);
-        s = fmaf(s11, c1[2 * h + 1], s);
-        y[h] = fmaf(h ? d1 : d0, s, y[h]);
+        const uint32_t* sw = &r[h].v[4].x;
+        const float s0 = (float)(int8_t)(sw[2 * C] >> sh8), s1 = (float)(int8_t)(sw[2 * C + 1] >> sh8);
+        y[h] = fmaf(h ? d1 : d0, fmaf(s1, acc[2 * h + 1], s0 * acc[2 * h]), y[h]);
     }
 }
 
@@ -474,6 +486,7 @@ template <int kBlocks>
 __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
     using Row = Traits<Q6_K>::Row;
     __shared__ __align__(16) uint8_t bs_all[kWarps][Q6Cols::kBytes];      // B entries, zeros in place
+    __shared__ __align__(16) uint8_t nat_all[kWarps][Q6Cols::kNatBytes];  // the fp16 x, natural order
     __shared__ __align__(16) uint8_t xf_all[kWarps][2 * Q6Xs::kBytes];    // the next item's fp32 x (cp.async)
     __shared__ __align__(16) uint8_t zero_kb[Q6Cols::kBytes];             // B of the lanes that feed no column
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -500,6 +513,8 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
     const int so = Q6Cols::store_off(lane);
     // lane (g, t) feeds column g with sub-block part e = g & 1 of lane t = g >> 1's k slots: its entry, else zeros
     const uint8_t* const bl = (g >> 1) == t ? bs + Q6Cols::entry(0, 0, t, g & 1) : zero_kb;
+    uint8_t* const nat = nat_all[warp];
+    const uint8_t* const nl = nat + 8 * (16 * (g & 1) + 4 * (g >> 1) + t);
 
     Row rr[2];
     uint32_t d2 = 0;
@@ -533,12 +548,13 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
     for (;;) {
         const bool live = tr < n_tiles;
         if (live) {
-            q6c_xs_store(bs, xf, so);
-            float c0[4], c1[4];
-            q6c_chunk<0>(rr, bl, s2, c0);
-            q6c_chunk<1>(rr, bl, s2, c1);
+            q6c_xs_store(bs, nat, xf, so, lane);
             const float2 d = __half22float2(bits_h2(d2));
-            q6c_scale(rr, c0, c1, d.x, d.y, sh8, y);
+            float acc[4];
+            q6c_chunk<0>(rr, bl, nl, s2, acc);
+            q6c_scale<0>(rr, acc, d.x, d.y, sh8, y);
+            q6c_chunk<1>(rr, bl, nl, s2, acc);
+            q6c_scale<1>(rr, acc, d.x, d.y, sh8, y);
         }
         --left;
         if ((kb + 1 == nb || left == 0) && live) {

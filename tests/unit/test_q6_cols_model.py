@@ -3,11 +3,11 @@ q6c_word, q6c_chunk, q6c_scale, gemv_q6_cols_kernel; LUCEBOX_Q6_GEMV=cols), mode
 
 The model builds random GGUF Q6_K blocks for one 16-row tile, lays them out as the Q6_K_T tile (q6t_offset), and runs
 one item the way the kernel does: each lane's eleven loads at the kernel's offsets, its A fragments by the kernel's
-bit operations (select / PRMT / fp16 1024 + q − 1056), its B fragments from the per-warp buffer that q6c_xs_store
+bit operations (select / PRMT: fp16 1024 + q), the −1056 mma per chunk (B: the natural-order fp16 x), its B fragments from the per-warp buffer that q6c_xs_store
 writes (cvt.rn pairs at Q6Cols::store_off, zeros elsewhere; the zero kilobyte for the lanes that feed no column),
 the m16n8k16 mma on those fragments (the PTX fragment layout), then q6c_scale and the flush's sum over t. The result
 must equal the float64 GGUF dequantization times x (up to fp16 x and fp32 sums), and the A values must be exactly
-q − 32. The formulas it copies are also looked up in the CUDA source, so an edit there that this model does not
+1024 + q. The formulas it copies are also looked up in the CUDA source, so an edit there that this model does not
 follow fails here. Bank conflicts of the buffer's loads are checked too.
 """
 
@@ -98,24 +98,22 @@ def select(a: int, b: int, c: int) -> int:  # lop3 kSelect: (a & c) | (b & ~c)
     return ((a & c) | (b & ~c)) & 0xFFFFFFFF
 
 
-def hsub1056(p: int) -> tuple[float, float]:
-    lo, hi = half_bits(p)
-    return float(np.float16(lo - 1056.0)), float(np.float16(hi - 1056.0))
-
-
 def q6c_word(w: int, hq: int):
     """-> (lo02, lo13, hi02, hi13), each a pair of floats (low half first)"""
     wl = select(w, (hq << 4) & 0xFFFFFFFF, 0x0F0F0F0F)
     wh = select(w >> 4, hq, 0x0F0F0F0F)
-    return (hsub1056(prmt(wl, 0x64646464, 0x4240)), hsub1056(prmt(wl, 0x64646464, 0x4341)),
-            hsub1056(prmt(wh, 0x64646464, 0x4240)), hsub1056(prmt(wh, 0x64646464, 0x4341)))
+    return (half_bits(prmt(wl, 0x64646464, 0x4240)), half_bits(prmt(wl, 0x64646464, 0x4341)),
+            half_bits(prmt(wh, 0x64646464, 0x4240)), half_bits(prmt(wh, 0x64646464, 0x4341)))
 
 
-def run_item(tile: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, dict]:
-    """The kernel's item on one tile and 256 x, then the flush: y[16] (fp64 sums of the kernel's fp32 values)."""
+def run_item(tile: np.ndarray, x: np.ndarray, f32: bool = False) -> tuple[np.ndarray, dict]:
+    """The kernel's item on one tile and 256 x, then the flush: y[16] (fp64 sums, or with f32 each mma's and the
+    epilogue's sums rounded to fp32 as the kernel's are)."""
     # the B buffer (q6c_xs_store), zeros elsewhere; the zero kilobyte
     bs = np.zeros(512, dtype=np.uint16)  # 1024 bytes as halves
+    nat = np.zeros(256, dtype=np.uint16)  # the natural-order copy, 512 bytes
     written = np.zeros(512, dtype=int)
+    nat_written = np.zeros(256, dtype=int)
     for lane in range(32):
         for h in range(2):
             xv = x[128 * h + 4 * lane : 128 * h + 4 * lane + 4].astype(np.float32)
@@ -124,13 +122,17 @@ def run_item(tile: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, dict]:
                 pair = np.array([a, b], dtype=np.float16).view(np.uint16)
                 bs[off // 2 : off // 2 + 2] = pair
                 written[off // 2 : off // 2 + 2] += 1
-    assert written.max() == 1
+            no = 8 * (32 * h + lane)  # make_uint2(p02, p13) at nat + 8·(32h + lane)
+            nat[no // 2 : no // 2 + 4] = np.array([xv[0], xv[2], xv[1], xv[3]], dtype=np.float16).view(np.uint16)
+            nat_written[no // 2 : no // 2 + 4] += 1
+    assert written.max() == 1 and (nat_written == 1).all()
     zero = np.zeros(512, dtype=np.uint16)
     facts = {"A_exact": True}
     # per lane: A fragments, B fragments, then the mma over the warp
     Cacc = {}  # (c) -> D[16][8]
     A = {}  # (c, u, p) -> [16][16] float
     B = {}
+    Bc = {c: np.zeros((16, 8)) for c in range(2)}  # B of the −1056 mma of chunk c
     for lane in range(32):
         g, t = lane >> 2, lane & 3
         v = {}
@@ -142,7 +144,11 @@ def run_item(tile: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, dict]:
         s2 = 2 * (t >> 1)
         part = (g >> 1) == t
         base = entry(0, 0, t, g & 1) if part else 0
+        nl = 8 * (16 * (g & 1) + 4 * (g >> 1) + t)
         for c in range(2):
+            bc = [int(nat[(nl + 256 * c) // 2 + 2 * i]) | int(nat[(nl + 256 * c) // 2 + 2 * i + 1]) << 16 for i in range(2)]
+            Bc[c][2 * t : 2 * t + 2, g] = half_bits(bc[0])
+            Bc[c][2 * t + 8 : 2 * t + 10, g] = half_bits(bc[1])
             for u in range(4):
                 src = bs if part else zero
                 b = [int(src[(base + entry(c, u, 0, 0)) // 2 + 2 * i]) | int(src[(base + entry(c, u, 0, 0)) // 2 + 2 * i + 1]) << 16
@@ -163,10 +169,11 @@ def run_item(tile: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, dict]:
                     Bm[2 * t + 8 : 2 * t + 10, g] = half_bits(b[2 * p + 1])
     # A must be q - 32 of the right weights: check against the tile's raw q via the reference's structure below
     for c in range(2):
-        D = np.zeros((16, 8))
+        rnd = (lambda v: v.astype(np.float32).astype(np.float64)) if f32 else (lambda v: v)
+        D = rnd(np.full((16, 16), -1056.0) @ Bc[c])
         for u in range(4):
             for p in range(2):
-                D += A[(c, u, p)] @ B[(c, u, p)]
+                D = rnd(D + A[(c, u, p)] @ B[(c, u, p)])
         Cacc[c] = D
     # q6c_scale + flush
     y = np.zeros(16)
@@ -194,17 +201,20 @@ def test_item_matches_reference():
         xh = x.astype(np.float16).astype(np.float64)
         want = ref @ xh  # with the kernel's fp16 x: equal up to fp32/fp64 sums
         assert np.allclose(y, want, rtol=1e-9, atol=1e-9 * np.abs(want).max()), np.abs(y - want).max()
+        # the mma's fp32 sums cancel 1056·Σx: still far inside the fp16 rounding of x
+        y32, _ = run_item(tile_of(raw), x, f32=True)
+        assert np.sqrt(np.mean((y32 - want) ** 2)) / np.sqrt(np.mean(want**2)) < 2e-5
         # against exact x: the fp16 rounding of x only
         exact = ref @ x.astype(np.float64)
         assert np.sqrt(np.mean((y - exact) ** 2)) / np.sqrt(np.mean(exact**2)) < 1e-3
 
 
-def test_a_fragments_are_exact_q_minus_32():
+def test_a_fragments_are_exact_1024_plus_q():
     rng = np.random.default_rng(3)
     raw = random_blocks(rng)
     _, facts = run_item(tile_of(raw), np.ones(256, dtype=np.float32))
     for (c, u, p), Am in facts["A"].items():
-        assert np.all(Am == np.round(Am)) and Am.min() >= -32 and Am.max() <= 31
+        assert np.all(Am == np.round(Am)) and Am.min() >= 1024 and Am.max() <= 1087
     # every (row, weight) appears once: lane t, word u, byte 2j + p of chunk c is weight 128c + 16t + 4u + 2j + p (lo)
     # and + 64 (hi); k slots 2t + j (lo), 2t + 8 + j (hi)
     sc = raw[:, 192:208].view(np.int8).astype(np.float64)
@@ -219,7 +229,7 @@ def test_a_fragments_are_exact_q_minus_32():
                     sub = wi // 16
                     ok = sc[:, sub] != 0
                     q = ref[ok, wi] / (d[ok] * sc[ok, sub])
-                    assert np.allclose(Am[ok, col], q), (c, u, p, t, j, e)
+                    assert np.allclose(Am[ok, col] - 1056, q), (c, u, p, t, j, e)
 
 
 def test_b_loads_and_stores_banks():
@@ -250,7 +260,13 @@ def test_source_formulas():
     assert "const uint8_t* const bl = (g >> 1) == t ? bs + Q6Cols::entry(0, 0, t, g & 1) : zero_kb;" in rows
     assert "const int s2 = 2 * (t >> 1), sh8 = 8 * t;" in rows
     assert "mma16816(acc, lo13[0], lo13[1], hi13[0], hi13[1], b.z, b.w);" in rows
-    assert "if (u == 0) mma16816_zero(acc, lo02[0], lo02[1], hi02[0], hi02[1], b.x, b.y);" in rows
+    assert "mma16816(acc, lo02[0], lo02[1], hi02[0], hi02[1], b.x, b.y);" in rows
+    assert "static constexpr uint32_t kNeg1056 = 0xE420E420u;" in rows
+    assert "const uint2 bc = *reinterpret_cast<const uint2*>(nl + 256 * C);" in rows
+    assert "mma16816_zero(acc, k, k, k, k, bc.x, bc.y);" in rows
+    assert "const uint8_t* const nl = nat + 8 * (16 * (g & 1) + 4 * (g >> 1) + t);" in rows
+    assert "*reinterpret_cast<uint2*>(nat + 8 * (32 * h + lane)) = make_uint2(p02, p13);" in rows
+    assert "lo02 = __byte_perm(wl, 0x64646464u, 0x4240);" in rows
     # the switch: LUCEBOX_Q6_GEMV=cols selects it, the default stays the staged kernel
     assert 'return e && std::strcmp(e, "cols") == 0;' in rows
     assert "if (gemv_q6_cols_enabled()) {" in qmm
