@@ -367,26 +367,28 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
 // gemv_q6_tile_kernel<6, true> spends ~23 instructions per 32-bit ql word (8 weights of one row) on the A fragments:
 // two 2-LOP3 "or" terms per half-word pair, shifts, then q − 32 (HSUB2) and × d·sc (HMUL2) on each of four half2,
 // because an mma step's 16 k slots belong to four sub-blocks (one per t) and so the scales have to be inside A. Here
-// the mma's eight columns keep them apart instead, so A is the raw q − 32 (exact in fp16) and the scales are
-// applied once per item in fp32:
+// the mma's eight columns keep the sub-blocks apart instead (for n = 1 seven of them carried copies), so A is the raw
+// 6-bit value and the scales are applied once per item in fp32:
 //   lane (g, t) feeds mma (c, u, p) (c: 128-weight half, u: word, p: bytes (0, 2) or (1, 3) of the word) with
 //   a0 / a1 = rows g / g + 8, k slots (2t, 2t + 1) = the lo weights (128c + 16t + 4u + p, + 2),
 //   a2 / a3 = the same rows, k slots (2t + 8, 2t + 9) = the hi weights (+ 64);
 //   B column n = 2t' + e takes x only from lane (n, t') and only in its lo (e = 0: b0) or hi (e = 1: b1) slots,
-//   every other lane's B is zero, so C[row][2t + e] = Σ over the item's 8 mmas of group c of sub-block
+//   every other lane's B is zero, so C[row][2t + e] = Σ over the item's 8 mmas of chunk c of sub-block
 //   (8c + 4e + t) of that row: lane (g, t)'s four accumulators are exactly its own two sub-blocks of rows g and g + 8,
 //   and their int8 scales are bytes t of the scale words the lane already holds.
 // A per word (4 half2 = 8 weights of one row): hq = (qh >> 2(t >> 1)) & 0x33333333 (the lane's 2-bit high parts:
 // bits 0-1 lo, 4-5 hi of each byte), W_lo = select(ql, hq << 4, 0x0F0F0F0F), W_hi = select(ql >> 4, hq, 0x0F0F0F0F)
-// (bytes = 6-bit q), one PRMT per half2 puts bytes (0, 2) / (1, 3) under 0x64: A = 1024 + q, exact; the − 1056·x
-// is one extra mma per 128-weight chunk (A = −1056, B = each column's 16 x): ~11 instructions per word against ~23. The B fragments come from a per-warp 1 KB buffer of (b0, b1, b0, b1)
-// entries with the zeros in place (written once at the start, never overwritten), one LDS.128 per (c, u) as before;
+// (bytes = 6-bit q), one PRMT per half2 puts bytes (0, 2) / (1, 3) under 0x64: A = 1024 + q, exact. The − 1056·x is
+// one extra mma per chunk (A = −1056, B = each column's 16 x from a natural-order copy of the fp16 x), not an HSUB2 per
+// half2: ~11 instructions per word against ~23. The B fragments come from a per-warp 1 KB buffer of (b0, b1, b0, b1)
+// entries with the zeros in place (zeroed once at the start, never overwritten), one LDS.128 per (c, u) as before;
 // the lanes whose B is zero read a block-wide zero kilobyte at the same offsets. Per item: 8 scale conversions and
-// 12 FFMA / FMUL in fp32 (y_g += d_g · Σ sc·C), and the 16 mmas as before plus 2.
+// 12 FFMA / FMUL in fp32 (y_g += d_g · Σ sc·C), 18 mmas (16 + 2). ptxas (sm_90, 80-register cap, 6 blocks per SM):
+// 80 registers, no spills, 11 KB of shared memory a block; the loop's SASS 381 instructions against 571 (cols2: 452).
 // Numerics: A is exact (1024 + q and −1056), B is qmm_item's fp16 x, products exact and summed in the mma's fp32
-// (which cancels 1056·Σx: ~60× the fp32 rounding, still ~100× below the fp16 rounding of x), then sc·C and
-// d·Σ in fp32. The shipped kernel rounds (q − 32)·fp16(d·sc) to fp16 per weight; this one does not, so it is at
-// least as accurate (not bit-identical: different rounding and order).
+// (which cancels 1056·Σx: ~60× the fp32 rounding, still ~100× below the fp16 rounding of x), then sc·C and d·Σ in
+// fp32. The shipped kernel rounds (q − 32)·fp16(d·sc) to fp16 per weight; this one does not, so it is at least as
+// accurate (not bit-identical: different rounding and order). tests/unit/test_q6_cols_model.py models it lane by lane.
 struct Q6Cols {
     static constexpr int kBytes = 1024;     // 2 c × 4 u × 4 t × 2 e entries of 16 bytes
     static constexpr int kNatBytes = 512;   // the same 256 fp16 x in their natural order: float4 i's pairs at 8i
@@ -482,7 +484,11 @@ __device__ __forceinline__ void q6c_scale(const Traits<Q6_K>::Row (&r)[2], const
 
 // gemv_q6_tile_kernel<kBlocks, true>'s items, loads (the tiled layout, one item ahead), x staging by cp.async and
 // stream-K shares; the arithmetic above. The flush sums the four t lanes of a row (two shuffles) and adds once.
-template <int kBlocks>
+// kSplit (LUCEBOX_Q6_GEMV=cols2): the next item's loads leave earlier, with no more registers: its x right after this
+// item's x is converted, its chunk-0 pieces (ql 0, qh 0 of both rows: 4 of the 11 loads, 1536 of 3360 bytes) as soon as
+// this item's chunk 0 is done (their registers are free), the rest at the end as before. Without it (=cols) every load
+// of the next item goes out at the end of this one, as in gemv_q6_tile_kernel.
+template <int kBlocks, bool kSplit = false>
 __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
     using Row = Traits<Q6_K>::Row;
     __shared__ __align__(16) uint8_t bs_all[kWarps][Q6Cols::kBytes];      // B entries, zeros in place
@@ -518,62 +524,101 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
 
     Row rr[2];
     uint32_t d2 = 0;
-    auto load = [&]() {
-        if (tr >= n_tiles) return;
-        const uint8_t* p = a.w + ((int64_t)tr * nb + kb) * Q6T::kBytes;
+    // the pieces of chunk C of the item at tile row tr_, block kb_ (ql C, qh C of both rows), and with rest its scales
+    // and d
+    auto load_part = [&](int tr_, int kb_, auto C, bool rest) {
+        constexpr int c = decltype(C)::value;
+        const uint8_t* p = a.w + ((int64_t)tr_ * nb + kb_) * Q6T::kBytes;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                rr[h].v[c] = ldg_stream(p + o_ql + 512 * (2 * c + h));
-                rr[h].v[2 + c] = ldg_stream(p + o_qh + 256 * (2 * c + h));
-            }
-            rr[h].v[4] = ldg_stream(p + o_sc + 128 * h);
+            rr[h].v[c] = ldg_stream(p + o_ql + 512 * (2 * c + h));
+            rr[h].v[2 + c] = ldg_stream(p + o_qh + 256 * (2 * c + h));
         }
-        d2 = ldg_stream4(p + o_d);
+        if (rest) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rr[h].v[4] = ldg_stream(p + o_sc + 128 * h);
+            d2 = ldg_stream4(p + o_d);
+        }
     };
     const uint32_t xf = (uint32_t)__cvta_generic_to_shared(xf_all[warp] + 16 * lane);
-    auto load_x = [&]() {
-        if (tr >= n_tiles) return;
-        const float* xp = a.x + kb * QK + 4 * lane;
+    auto load_x = [&](int kb_) {
+        const float* xp = a.x + kb_ * QK + 4 * lane;
         q6_cp_async16(xf, xp);
         q6_cp_async16(xf + 512, xp + 128);
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
+    using I0 = std::integral_constant<int, 0>;
+    using I1 = std::integral_constant<int, 1>;
 
     float y[2] = {0.0f, 0.0f};
-    load();
-    pdl_wait();
-    load_x();
-    for (;;) {
-        const bool live = tr < n_tiles;
-        if (live) {
-            q6c_xs_store(bs, nat, xf, so, lane);
-            const float2 d = __half22float2(bits_h2(d2));
-            float acc[4];
-            q6c_chunk<0>(rr, bl, nl, s2, acc);
-            q6c_scale<0>(rr, acc, d.x, d.y, sh8, y);
-            q6c_chunk<1>(rr, bl, nl, s2, acc);
-            q6c_scale<1>(rr, acc, d.x, d.y, sh8, y);
-        }
-        --left;
-        if ((kb + 1 == nb || left == 0) && live) {
+    auto item = [&](auto after_x, auto after_chunk0) {  // this item's arithmetic, with the kSplit hooks
+        q6c_xs_store(bs, nat, xf, so, lane);
+        after_x();
+        const float2 d = __half22float2(bits_h2(d2));
+        float acc[4];
+        q6c_chunk<0>(rr, bl, nl, s2, acc);
+        q6c_scale<0>(rr, acc, d.x, d.y, sh8, y);
+        after_chunk0();
+        q6c_chunk<1>(rr, bl, nl, s2, acc);
+        q6c_scale<1>(rr, acc, d.x, d.y, sh8, y);
+    };
+    auto flush = [&]() {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float v = y[h];
-                v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-                v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-                if (t == 0) atomicAdd(a.y + (int64_t)tr * kTileRows + g + 8 * h, v);
-                y[h] = 0.0f;
+        for (int h = 0; h < 2; ++h) {
+            float v = y[h];
+            v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+            v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+            if (t == 0) atomicAdd(a.y + (int64_t)tr * kTileRows + g + 8 * h, v);
+            y[h] = 0.0f;
+        }
+    };
+    // The first item's weights are constant: their loads go out before waiting for the previous kernel (PDL).
+    if (tr < n_tiles) {
+        load_part(tr, kb, I0{}, false);
+        load_part(tr, kb, I1{}, true);
+    }
+    pdl_wait();
+    if (tr < n_tiles) load_x(kb);
+    if constexpr (!kSplit) {
+        // gemv_q6_tile_kernel's loop: the next item's loads all at the end of this one
+        auto none = [] {};
+        for (;;) {
+            const bool live = tr < n_tiles;
+            if (live) item(none, none);
+            --left;
+            if ((kb + 1 == nb || left == 0) && live) flush();
+            if (left == 0) break;
+            if (++kb == nb) {
+                kb = 0;
+                tr += kWarps;
+            }
+            if (tr < n_tiles) {
+                load_part(tr, kb, I0{}, false);
+                load_part(tr, kb, I1{}, true);
+                load_x(kb);
             }
         }
-        if (left == 0) break;
-        if (++kb == nb) {
-            kb = 0;
-            tr += kWarps;
+    } else {
+        for (;;) {
+            const bool live = tr < n_tiles;
+            // the next item (warp-uniform): its position, and whether this warp loads it
+            int tr_n = tr, kb_n = kb + 1;
+            if (kb_n == nb) {
+                kb_n = 0;
+                tr_n += kWarps;
+            }
+            const bool next = left > 1 && tr_n < n_tiles;
+            // (a dead warp's next item is dead too: nothing to load early)
+            if (live)
+                item([&] { if (next) load_x(kb_n); },  // this lane's fp32 x copy is read back and converted
+                     [&] { if (next) load_part(tr_n, kb_n, I0{}, false); });  // chunk 0's registers are free
+            --left;
+            if ((kb + 1 == nb || left == 0) && live) flush();
+            if (left == 0) break;
+            tr = tr_n;
+            kb = kb_n;
+            if (next) load_part(tr, kb, I1{}, true);
         }
-        load();
-        load_x();
     }
 }
 
@@ -768,14 +813,17 @@ inline bool gemv_q6_xs_enabled() {
     return on;
 }
 
-// Whether n = 1 Q6_K_T runs gemv_q6_cols_kernel (one mma column per sub-block and lane, session 11): only under
-// LUCEBOX_Q6_GEMV=cols (for A/B runs; the default stays gemv_q6_tile_kernel<6, true>). Read once per process.
-inline bool gemv_q6_cols_enabled() {
-    static const bool on = [] {
+// Which n = 1 Q6_K_T kernel LUCEBOX_Q6_GEMV asks for beyond the default and "old": 1 = gemv_q6_cols_kernel<6, false>
+// ("cols": one mma column per sub-block and lane, session 11), 2 = gemv_q6_cols_kernel<6, true> ("cols2": the same
+// with the next item's loads split), 0 = neither (the default stays gemv_q6_tile_kernel<6, true>). For A/B runs; read
+// once per process.
+inline int gemv_q6_cols_mode() {
+    static const int mode = [] {
         const char* e = std::getenv("LUCEBOX_Q6_GEMV");
-        return e && std::strcmp(e, "cols") == 0;
+        if (!e) return 0;
+        return std::strcmp(e, "cols") == 0 ? 1 : std::strcmp(e, "cols2") == 0 ? 2 : 0;
     }();
-    return on;
+    return mode;
 }
 
 // Blocks per SM asked of ptxas for gemv_k45_tile_kernel on sm_90: LUCEBOX_GEMV_TILE_BLOCKS=6 gives 6, anything else

@@ -268,5 +268,6 @@ def test_source_formulas():
     assert "*reinterpret_cast<uint2*>(nat + 8 * (32 * h + lane)) = make_uint2(p02, p13);" in rows
     assert "lo02 = __byte_perm(wl, 0x64646464u, 0x4240);" in rows
     # the switch: LUCEBOX_Q6_GEMV=cols selects it, the default stays the staged kernel
-    assert 'return e && std::strcmp(e, "cols") == 0;' in rows
-    assert "if (gemv_q6_cols_enabled()) {" in qmm
+    assert 'return std::strcmp(e, "cols") == 0 ? 1 : std::strcmp(e, "cols2") == 0 ? 2 : 0;' in rows
+    assert "if (const int cols = gemv_q6_cols_mode()) {" in qmm
+    assert "xs ? gemv_q6_tile_kernel<6, true> : gemv_q6_tile_kernel<6, false>" in qmm  # the default is unchanged
