@@ -836,6 +836,18 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
             // six blocks per SM on sm_90 (80 registers; at seven ptxas spills 40 bytes; qmm_kernel<Q6_K> has 96: five);
             // x staged per warp unless LUCEBOX_Q6_GEMV=old (qmm_gemv_rows.cuh gemv_q6_xs_enabled)
             const bool xs = gemv_q6_xs_enabled();
+            if (const int cols = gemv_q6_cols_mode()) {
+                // LUCEBOX_Q6_GEMV=cols / cols2: one mma column per sub-block and lane (gemv_q6_cols_kernel), for A/B
+                const bool split = cols == 2;
+                const int st = split ? occupancy_config<gemv_q6_cols_kernel<6, true>>(c)
+                                     : occupancy_config<gemv_q6_cols_kernel<6, false>>(c);
+                if (st != LB_OK) return st;
+                const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
+                if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
+                LB_CUDA_TRY(launch_pdl(split ? gemv_q6_cols_kernel<6, true> : gemv_q6_cols_kernel<6, false>,
+                                       dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
+                return LB_OK;
+            }
             const int st = xs ? gemv_cols_config<QT, true, 6, true>(c) : gemv_cols_config<QT, true, 6, false>(c);
             if (st != LB_OK) return st;
             const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);

@@ -362,6 +362,266 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
     }
 }
 
+// ---- n = 1, Q6_K_T: one mma column per (sub-block, lane) ("cols", LUCEBOX_Q6_GEMV=cols; session 11) -----------
+//
+// gemv_q6_tile_kernel<6, true> spends ~23 instructions per 32-bit ql word (8 weights of one row) on the A fragments:
+// two 2-LOP3 "or" terms per half-word pair, shifts, then q − 32 (HSUB2) and × d·sc (HMUL2) on each of four half2,
+// because an mma step's 16 k slots belong to four sub-blocks (one per t) and so the scales have to be inside A. Here
+// the mma's eight columns keep the sub-blocks apart instead (for n = 1 seven of them carried copies), so A is the raw
+// 6-bit value and the scales are applied once per item in fp32:
+//   lane (g, t) feeds mma (c, u, p) (c: 128-weight half, u: word, p: bytes (0, 2) or (1, 3) of the word) with
+//   a0 / a1 = rows g / g + 8, k slots (2t, 2t + 1) = the lo weights (128c + 16t + 4u + p, + 2),
+//   a2 / a3 = the same rows, k slots (2t + 8, 2t + 9) = the hi weights (+ 64);
+//   B column n = 2t' + e takes x only from lane (n, t') and only in its lo (e = 0: b0) or hi (e = 1: b1) slots,
+//   every other lane's B is zero, so C[row][2t + e] = Σ over the item's 8 mmas of chunk c of sub-block
+//   (8c + 4e + t) of that row: lane (g, t)'s four accumulators are exactly its own two sub-blocks of rows g and g + 8,
+//   and their int8 scales are bytes t of the scale words the lane already holds.
+// A per word (4 half2 = 8 weights of one row): hq = (qh >> 2(t >> 1)) & 0x33333333 (the lane's 2-bit high parts:
+// bits 0-1 lo, 4-5 hi of each byte), W_lo = select(ql, hq << 4, 0x0F0F0F0F), W_hi = select(ql >> 4, hq, 0x0F0F0F0F)
+// (bytes = 6-bit q), one PRMT per half2 puts bytes (0, 2) / (1, 3) under 0x64: A = 1024 + q, exact. The − 1056·x is
+// one extra mma per chunk (A = −1056, B = each column's 16 x from a natural-order copy of the fp16 x), not an HSUB2 per
+// half2: ~11 instructions per word against ~23. The B fragments come from a per-warp 1 KB buffer of (b0, b1, b0, b1)
+// entries with the zeros in place (zeroed once at the start, never overwritten), one LDS.128 per (c, u) as before;
+// the lanes whose B is zero read a block-wide zero kilobyte at the same offsets. Per item: 8 scale conversions and
+// 12 FFMA / FMUL in fp32 (y_g += d_g · Σ sc·C), 18 mmas (16 + 2). ptxas (sm_90, 80-register cap, 6 blocks per SM):
+// 80 registers, no spills, 11 KB of shared memory a block; the loop's SASS 381 instructions against 571 (cols2: 452).
+// Numerics: A is exact (1024 + q and −1056), B is qmm_item's fp16 x, products exact and summed in the mma's fp32
+// (which cancels 1056·Σx: ~60× the fp32 rounding, still ~100× below the fp16 rounding of x), then sc·C and d·Σ in
+// fp32. The shipped kernel rounds (q − 32)·fp16(d·sc) to fp16 per weight; this one does not, so it is at least as
+// accurate (not bit-identical: different rounding and order). tests/unit/test_q6_cols_model.py models it lane by lane.
+struct Q6Cols {
+    static constexpr int kBytes = 1024;     // 2 c × 4 u × 4 t × 2 e entries of 16 bytes
+    static constexpr int kNatBytes = 512;   // the same 256 fp16 x in their natural order: float4 i's pairs at 8i
+    static constexpr uint32_t kNeg1056 = 0xE420E420u;  // two halves of −1056 (exact)
+    // entry (c, u, t, e): words (b0, b1) of mma p = 02, then (b0, b1) of p = 13
+    __host__ __device__ static constexpr int entry(int c, int u, int t, int e) { return 128 * (4 * c + u) + 16 * (2 * t + e); }
+    // lane L's float4 h of the item's x (x[128h + 4L .. + 3]: c = h, e = L >> 4, t = (L >> 2) & 3, u = L & 3): the
+    // byte of its p = 02 pair (p = 13: 8 bytes on), the nonzero word of its entry (word e, resp. 2 + e)
+    __host__ __device__ static constexpr int store_off(int lane) {
+        return entry(0, lane & 3, (lane >> 2) & 3, lane >> 4) + 4 * (lane >> 4);
+    }
+};
+
+// Lane `lane`'s float4 lane and 32 + lane of the item's x (its own cp.async copies at xf, xf + 512) -> the warp's
+// B buffer bs (the p = 02 / p = 13 pairs, cvt.rn as qmm_item), at Q6Cols::store_off(lane) (so = that), and the same
+// pairs in natural order at nat + 8·(32h + lane) (one STS.64; a half-warp's 128 contiguous bytes).
+__device__ __forceinline__ void q6c_xs_store(uint8_t* bs, uint8_t* nat, uint32_t xf, int so, int lane) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    float4 xv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(xv[h].x), "=f"(xv[h].y), "=f"(xv[h].z), "=f"(xv[h].w)
+                     : "r"(xf + 512 * h)
+                     : "memory");
+    __syncwarp();  // every lane's reads of the previous item's B are done
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t p02 = h2_bits(__floats2half2_rn(xv[h].x, xv[h].z));
+        const uint32_t p13 = h2_bits(__floats2half2_rn(xv[h].y, xv[h].w));
+        *reinterpret_cast<uint32_t*>(bs + so + 512 * h) = p02;
+        *reinterpret_cast<uint32_t*>(bs + so + 512 * h + 8) = p13;
+        *reinterpret_cast<uint2*>(nat + 8 * (32 * h + lane)) = make_uint2(p02, p13);
+    }
+    __syncwarp();
+}
+
+constexpr uint32_t kSelect = 0xE4;  // lop3: (a & c) | (b & ~c)
+
+// The A fragments of one 32-bit word pair of one row: ql word w (8 weights: lo nibbles, hi nibbles) and its qh word
+// already reduced to the lane's 2-bit parts (hq: bits 0-1 lo, 4-5 hi of each byte; 2-3, 6-7 zero): 1024 + q as half2
+// (exact) for bytes (0, 2) and (1, 3), lo and hi. The − 1056 is one mma per chunk (q6c_chunk), not an HSUB2 each.
+__device__ __forceinline__ void q6c_word(uint32_t w, uint32_t hq, uint32_t& lo02, uint32_t& lo13, uint32_t& hi02,
+                                         uint32_t& hi13) {
+    const uint32_t wl = lop3<kSelect>(w, hq << 4, 0x0F0F0F0Fu);
+    const uint32_t wh = lop3<kSelect>(w >> 4, hq, 0x0F0F0F0Fu);
+    lo02 = __byte_perm(wl, 0x64646464u, 0x4240);
+    lo13 = __byte_perm(wl, 0x64646464u, 0x4341);
+    hi02 = __byte_perm(wh, 0x64646464u, 0x4240);
+    hi13 = __byte_perm(wh, 0x64646464u, 0x4341);
+}
+
+// Chunk c (128-weight half) of one item into C: first C = −1056 · Σ x of each column's sub-block (one mma: A all
+// −1056, and lane (g, t) gives column g the 4 x of word u = t of sub-block (c, g & 1, g >> 1), float4
+// 32c + 16(g & 1) + 4(g >> 1) + t of the natural-order copy at nl + 256c), then the 8 mmas of (u, p) with A = 1024 + q,
+// B from bl (this lane's entry base, or the zero kilobyte); qh shift s2 = 2(t >> 1). C = Σ (q − 32)·x per column:
+// exact products, the cancellation of 1056·Σx in the mma's fp32 (~2^-24 · 60 relative, far below fp16 x).
+template <int C>
+__device__ __forceinline__ void q6c_chunk(const Traits<Q6_K>::Row (&r)[2], const uint8_t* bl, const uint8_t* nl, int s2,
+                                          float (&acc)[4]) {
+    {
+        const uint2 bc = *reinterpret_cast<const uint2*>(nl + 256 * C);
+        constexpr uint32_t k = Q6Cols::kNeg1056;
+        mma16816_zero(acc, k, k, k, k, bc.x, bc.y);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const uint4 b = *reinterpret_cast<const uint4*>(bl + Q6Cols::entry(C, u, 0, 0));
+        uint32_t lo02[2], lo13[2], hi02[2], hi13[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint32_t hq = ((&r[h].v[2 + C].x)[u] >> s2) & 0x33333333u;
+            q6c_word((&r[h].v[C].x)[u], hq, lo02[h], lo13[h], hi02[h], hi13[h]);
+        }
+        mma16816(acc, lo02[0], lo02[1], hi02[0], hi02[1], b.x, b.y);
+        mma16816(acc, lo13[0], lo13[1], hi13[0], hi13[1], b.z, b.w);
+    }
+}
+
+// y[h] += d_h · Σ_e sc(h, 8c + 4e + t) · C[2h + e] for chunk c: the int8 scale of sub-block 8c + 4e + t of row
+// g + 8h is byte t of word 2c + e of the row's scale piece. (Per chunk, so that chunk 0's C is dead before chunk 1:
+// with both held to the end, ptxas spilled 4 bytes at the 80-register cap.)
+template <int C>
+__device__ __forceinline__ void q6c_scale(const Traits<Q6_K>::Row (&r)[2], const float (&acc)[4], float d0, float d1,
+                                          int sh8, float (&y)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t* sw = &r[h].v[4].x;
+        const float s0 = (float)(int8_t)(sw[2 * C] >> sh8), s1 = (float)(int8_t)(sw[2 * C + 1] >> sh8);
+        y[h] = fmaf(h ? d1 : d0, fmaf(s1, acc[2 * h + 1], s0 * acc[2 * h]), y[h]);
+    }
+}
+
+// gemv_q6_tile_kernel<kBlocks, true>'s items, loads (the tiled layout, one item ahead), x staging by cp.async and
+// stream-K shares; the arithmetic above. The flush sums the four t lanes of a row (two shuffles) and adds once.
+// kSplit (LUCEBOX_Q6_GEMV=cols2): the next item's loads leave earlier, with no more registers: its x right after this
+// item's x is converted, its chunk-0 pieces (ql 0, qh 0 of both rows: 4 of the 11 loads, 1536 of 3360 bytes) as soon as
+// this item's chunk 0 is done (their registers are free), the rest at the end as before. Without it (=cols) every load
+// of the next item goes out at the end of this one, as in gemv_q6_tile_kernel.
+template <int kBlocks, bool kSplit = false>
+__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
+    using Row = Traits<Q6_K>::Row;
+    __shared__ __align__(16) uint8_t bs_all[kWarps][Q6Cols::kBytes];      // B entries, zeros in place
+    __shared__ __align__(16) uint8_t nat_all[kWarps][Q6Cols::kNatBytes];  // the fp16 x, natural order
+    __shared__ __align__(16) uint8_t xf_all[kWarps][2 * Q6Xs::kBytes];    // the next item's fp32 x (cp.async)
+    __shared__ __align__(16) uint8_t zero_kb[Q6Cols::kBytes];             // B of the lanes that feed no column
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    // zero both buffers before anything can return (stream_k_share) or read them; constants, so before pdl_wait
+    static_assert(Q6Cols::kBytes / 16 <= kThreads, "one 16-byte store per thread zeroes zero_kb");
+    if (threadIdx.x < Q6Cols::kBytes / 16) reinterpret_cast<uint4*>(zero_kb)[threadIdx.x] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < Q6Cols::kBytes / (16 * 32); ++i)
+        reinterpret_cast<uint4*>(bs_all[warp])[lane + 32 * i] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    const int nb = a.k / QK;
+    pdl_trigger();
+    int64_t it0, end0;
+    if (!stream_k_share(a, it0, end0)) return;
+    int left = (int)(end0 - it0);
+    int tr = (int)(it0 / nb) * kWarps + warp;
+    int kb = (int)(it0 % nb);
+    const int n_tiles = (int)(a.n_rows / kTileRows);
+    const int o_ql = Q6T::kQl + 16 * lane, o_qh = Q6T::kQh + 32 * g + 16 * (t & 1), o_sc = Q6T::kSc + 16 * g,
+              o_d = Q6T::kD + 4 * g;
+    const int s2 = 2 * (t >> 1), sh8 = 8 * t;
+    uint8_t* const bs = bs_all[warp];
+    const int so = Q6Cols::store_off(lane);
+    // lane (g, t) feeds column g with sub-block part e = g & 1 of lane t = g >> 1's k slots: its entry, else zeros
+    const uint8_t* const bl = (g >> 1) == t ? bs + Q6Cols::entry(0, 0, t, g & 1) : zero_kb;
+    uint8_t* const nat = nat_all[warp];
+    const uint8_t* const nl = nat + 8 * (16 * (g & 1) + 4 * (g >> 1) + t);
+
+    Row rr[2];
+    uint32_t d2 = 0;
+    // the pieces of chunk C of the item at tile row tr_, block kb_ (ql C, qh C of both rows), and with rest its scales
+    // and d
+    auto load_part = [&](int tr_, int kb_, auto C, bool rest) {
+        constexpr int c = decltype(C)::value;
+        const uint8_t* p = a.w + ((int64_t)tr_ * nb + kb_) * Q6T::kBytes;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            rr[h].v[c] = ldg_stream(p + o_ql + 512 * (2 * c + h));
+            rr[h].v[2 + c] = ldg_stream(p + o_qh + 256 * (2 * c + h));
+        }
+        if (rest) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) rr[h].v[4] = ldg_stream(p + o_sc + 128 * h);
+            d2 = ldg_stream4(p + o_d);
+        }
+    };
+    const uint32_t xf = (uint32_t)__cvta_generic_to_shared(xf_all[warp] + 16 * lane);
+    auto load_x = [&](int kb_) {
+        const float* xp = a.x + kb_ * QK + 4 * lane;
+        q6_cp_async16(xf, xp);
+        q6_cp_async16(xf + 512, xp + 128);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    using I0 = std::integral_constant<int, 0>;
+    using I1 = std::integral_constant<int, 1>;
+
+    float y[2] = {0.0f, 0.0f};
+    auto item = [&](auto after_x, auto after_chunk0) {  // this item's arithmetic, with the kSplit hooks
+        q6c_xs_store(bs, nat, xf, so, lane);
+        after_x();
+        const float2 d = __half22float2(bits_h2(d2));
+        float acc[4];
+        q6c_chunk<0>(rr, bl, nl, s2, acc);
+        q6c_scale<0>(rr, acc, d.x, d.y, sh8, y);
+        after_chunk0();
+        q6c_chunk<1>(rr, bl, nl, s2, acc);
+        q6c_scale<1>(rr, acc, d.x, d.y, sh8, y);
+    };
+    auto flush = [&]() {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float v = y[h];
+            v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+            v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+            if (t == 0) atomicAdd(a.y + (int64_t)tr * kTileRows + g + 8 * h, v);
+            y[h] = 0.0f;
+        }
+    };
+    // The first item's weights are constant: their loads go out before waiting for the previous kernel (PDL).
+    if (tr < n_tiles) {
+        load_part(tr, kb, I0{}, false);
+        load_part(tr, kb, I1{}, true);
+    }
+    pdl_wait();
+    if (tr < n_tiles) load_x(kb);
+    if constexpr (!kSplit) {
+        // gemv_q6_tile_kernel's loop: the next item's loads all at the end of this one
+        auto none = [] {};
+        for (;;) {
+            const bool live = tr < n_tiles;
+            if (live) item(none, none);
+            --left;
+            if ((kb + 1 == nb || left == 0) && live) flush();
+            if (left == 0) break;
+            if (++kb == nb) {
+                kb = 0;
+                tr += kWarps;
+            }
+            if (tr < n_tiles) {
+                load_part(tr, kb, I0{}, false);
+                load_part(tr, kb, I1{}, true);
+                load_x(kb);
+            }
+        }
+    } else {
+        for (;;) {
+            const bool live = tr < n_tiles;
+            // the next item (warp-uniform): its position, and whether this warp loads it
+            int tr_n = tr, kb_n = kb + 1;
+            if (kb_n == nb) {
+                kb_n = 0;
+                tr_n += kWarps;
+            }
+            const bool next = left > 1 && tr_n < n_tiles;
+            // (a dead warp's next item is dead too: nothing to load early)
+            if (live)
+                item([&] { if (next) load_x(kb_n); },  // this lane's fp32 x copy is read back and converted
+                     [&] { if (next) load_part(tr_n, kb_n, I0{}, false); });  // chunk 0's registers are free
+            --left;
+            if ((kb + 1 == nb || left == 0) && live) flush();
+            if (left == 0) break;
+            tr = tr_n;
+            kb = kb_n;
+            if (next) load_part(tr, kb, I1{}, true);
+        }
+    }
+}
+
 // ---- n = 1, a Q6_K_T and a Q4_K_T product of the same x in one launch (gemv_q6q4_tile_kernel) ---------------
 //
 // The 27B decode's DeltaNet layer runs attn_qkv (Q6_K_T 10240×5120, 43 MB) and attn_gate + ssm_beta + ssm_alpha
@@ -551,6 +811,19 @@ inline bool gemv_q6_xs_enabled() {
         return !(e && std::strcmp(e, "old") == 0);
     }();
     return on;
+}
+
+// Which n = 1 Q6_K_T kernel LUCEBOX_Q6_GEMV asks for beyond the default and "old": 1 = gemv_q6_cols_kernel<6, false>
+// ("cols": one mma column per sub-block and lane, session 11), 2 = gemv_q6_cols_kernel<6, true> ("cols2": the same
+// with the next item's loads split), 0 = neither (the default stays gemv_q6_tile_kernel<6, true>). For A/B runs; read
+// once per process.
+inline int gemv_q6_cols_mode() {
+    static const int mode = [] {
+        const char* e = std::getenv("LUCEBOX_Q6_GEMV");
+        if (!e) return 0;
+        return std::strcmp(e, "cols") == 0 ? 1 : std::strcmp(e, "cols2") == 0 ? 2 : 0;
+    }();
+    return mode;
 }
 
 // Blocks per SM asked of ptxas for gemv_k45_tile_kernel on sm_90: LUCEBOX_GEMV_TILE_BLOCKS=6 gives 6, anything else
