@@ -804,13 +804,13 @@ def test_prefill_tail_row_vs_all_rows(monkeypatch, seq, max_chunk, layers):
 
 @pytest.mark.parametrize("seq", list(CHUNK_SEQS))
 def test_prefill_inproj_accumulate(monkeypatch, seq):
-    """LUCEBOX_PREFILL_INPROJ=accumulate (the in-projection's split halves summed by cuBLAS: two GEMMs, beta 1 on the
-    second, no epilogue kernel) against the default scratch + epilogue: logits, hidden row and state at 1e-4 (fp32
-    accumulation order only, ~1e-6, though a K/V element may round to the other bf16; a missing half shows at ~4e-3),
-    and against the CPU engine at 1e-2."""
-    monkeypatch.delenv("LUCEBOX_PREFILL_INPROJ", raising=False)
+    """The default in-projection (its split halves summed by cuBLAS: two GEMMs, beta 1 on the second, no epilogue
+    kernel) against LUCEBOX_PREFILL_INPROJ=epilogue (scratch + epilogue_kernel<EPI_F32>, the path before): logits,
+    hidden row and state at 1e-4 (fp32 accumulation order only, ~1e-6, though a K/V element may round to the other
+    bf16; a missing half shows at ~4e-3), and against the CPU engine at 1e-2."""
+    monkeypatch.setenv("LUCEBOX_PREFILL_INPROJ", "epilogue")
     base = knob_run(seq)  # (a skip here where no cuBLAS loads)
-    monkeypatch.setenv("LUCEBOX_PREFILL_INPROJ", "accumulate")
+    monkeypatch.delenv("LUCEBOX_PREFILL_INPROJ", raising=False)
     acc = knob_run(seq)
     for key in base[2]:
         e = rel_rms(acc[2][key], base[2][key])
