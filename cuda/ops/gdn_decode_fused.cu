@@ -33,17 +33,21 @@
 // columns are read by that block alone (one thread per channel), so that thread advances them at once:
 // read-before-write is program order within the thread.
 //
-// The output norm needs mean(o²) over a head's 128 columns = the 8 blocks of the cluster: each block
-// publishes its o columns in shared memory, barrier (A), then one warp per value head reads all 128
-// values through distributed shared memory (one float4 per lane, lane l <- columns 4l .. 4l+3, the
-// out_norm kernel's layout) and sums them in out_norm's order; the 4 lanes holding this block's columns
-// write y. Barrier (B) at the end keeps every block's shared memory alive until its peers' DSMEM reads
-// are done (a block must not exit while another block of its cluster may still read its smem).
-//
-// The push form (LUCEBOX_GDN_DECODE=push / pushpf; decode_fused_kernel<true, ...>, comment at the template):
-// the same math, but each block pushes its o columns into all peers' shared memory before (A) and stores the
-// state, conv state and y after it, so no cluster barrier's release fence waits for the 3 MB of state stores
-// and barrier (B) goes. docs/perf.md "The decode DeltaNet kernel's barriers" has the latency budget.
+// The output norm needs mean(o²) over a head's 128 columns = the 8 blocks of the cluster. Two forms
+// (decode_fused_kernel<kPush>, comment at the template), the same math and summation orders:
+//  - push (the default): each block PUSHES its o columns into every peer's shared memory before cluster
+//    barrier (A), and stores the state, conv state and y after it, so (A)'s release fence waits only for
+//    the few DSMEM stores (not the 3 MB of state stores) and no end barrier is needed: after (A) every
+//    block reads only its own shared memory.
+//  - pull (LUCEBOX_GDN_DECODE=pull, the form shipped before it): each block publishes its o columns in its
+//    own shared memory, stores the state before (A), then one warp per value head PULLS all 128 values
+//    from the peers through distributed shared memory; barrier (B) at the end keeps every block's shared
+//    memory alive until its peers' DSMEM reads are done (a block must not exit while another block of its
+//    cluster may still read its smem). Kept for A/B: push takes 0.88-0.91 of its time a layer on the H200
+//    (docs/perf.md "The decode DeltaNet kernel's barriers").
+// Either way one warp per value head holds a float4 per lane (lane l <- columns 4l .. 4l+3, the out_norm
+// kernel's layout), sums the squares in out_norm's order, and the 4 lanes holding this block's columns
+// write y.
 //
 // Not fused (lb_gdn_decode_step keeps the three-kernel path): t > 1, Hv / Hk > 8 (2r warps > 16), a device
 // or build without clusters (sm_86: the RTX 3090 profile), or LUCEBOX_GDN_DECODE=split (read once per
@@ -81,16 +85,11 @@ __device__ __forceinline__ void cluster_arrive_release() {
 __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// An L2 prefetch of the line holding p: no value reaches the thread and L2 is the device's point of coherence,
-// so a prefetch issued before pdl_wait cannot make a later load see a stale value (a load before the wait can:
-// lb_pdl.cuh). It only moves DRAM latency off the path after the wait.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
 #endif
 
-// kPush = false: the shipped kernel (LUCEBOX_GDN_DECODE unset). kPush = true ("push", "pushpf"): the same math
-// and summation orders, with the memory operations moved off the cluster barriers' fences:
+// kPush = true: the default ("push", or LUCEBOX_GDN_DECODE unset). kPush = false ("pull"): the form shipped
+// before it, peers' o read through DSMEM after barrier A, state stored before A, end barrier B. Push has the same
+// math and summation orders, with the memory operations moved off the cluster barriers' fences:
 //  - each block PUSHES its o columns into every peer's shared memory (st to DSMEM, before barrier A) instead
 //    of the peers pulling them after it, so after A every block reads only its own shared memory and barrier
 //    (B) goes (a block may exit once A is passed: no peer touches its shared memory after A). The pushes need
@@ -99,11 +98,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 //    (MEMBAR.ALL.GPU) waits only for the few DSMEM stores, not for 24 KB of state stores per block; the
 //    kernel's completion waits for them anyway, but now in parallel with the output norm. State stores
 //    are streaming (st.global.cs): nothing reads them before the next step's kernel for this layer.
-//  - the weights are read with ld.global.cg, which ptxas keeps before griddepcontrol.wait (the shipped form's
+//  - the weights are read with ld.global.cg, which ptxas keeps before griddepcontrol.wait (the pull form's
 //    read-only loads are scheduled after it), so their DRAM latency overlaps the predecessor.
-//  - kPrefetch ("pushpf"): the state slice and the conv taps are prefetched to L2 BEFORE pdl_wait (see
-//    prefetch_l2: no value is read), so the loads after the wait hit L2 instead of DRAM.
-template <bool kPush, bool kPrefetch>
+// (A third form, "pushpf", also prefetched the state slice and conv taps to L2 before pdl_wait; it measured
+// slower than push and was removed: docs/perf.md, the same section.)
+template <bool kPush>
 __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     decode_fused_kernel(const float* __restrict__ pre, const float* __restrict__ a, const float* __restrict__ b,
                         const float* __restrict__ z, const float* __restrict__ conv_w,
@@ -120,7 +119,7 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     __shared__ float red[QK_CHUNKS];                     // Σ x² per 32-channel chunk (conv_prep's warp sums)
     __shared__ __align__(16) float vs[FUSED_RMAX][DVS];  // v of this block's 16 columns, per value head
     __shared__ float ab[FUSED_RMAX][2];                  // α, β per value head
-    // shipped: o of this block's columns (read by the peers); push: o of all 128 columns (written by the peers)
+    // pull: o of this block's columns (read by the peers); push: o of all 128 columns (written by the peers)
     __shared__ __align__(16) float os[FUSED_RMAX][kPush ? D : DVS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -150,21 +149,7 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
 
     if (kPush) cluster_arrive_relaxed();  // phase 0: "this block is resident"; waited for before the pushes
     lb::pdl_trigger();
-    if (kPrefetch) {
-#pragma unroll
-        for (int mm = 0; mm < ROWS_PER_THREAD; ++mm) prefetch_l2(st + (size_t)(r0 + mm) * D + col);
-        // the conv taps: lanes of a warp cover 32 consecutive channels = one 128-byte line per tap
-#pragma unroll
-        for (int u = 0; u < QK_PER_WARP; ++u) {
-            const int i = warp + u * nwarps;
-            if (i < QK_CHUNKS && lane < KCONV - 1) prefetch_l2(conv_state + (size_t)lane * C + qk_channel(i) - lane);
-        }
-        if (v_role && (ve & 7) == 0) {
-#pragma unroll
-            for (int t = 0; t < KCONV - 1; ++t) prefetch_l2(conv_state + (size_t)t * C + v_ch);
-        }
-    }
-    // weights: no wait. The shipped form reads them through the read-only path (ld.global.nc), which ptxas
+    // weights: no wait. The pull form reads them through the read-only path (ld.global.nc), which ptxas
     // schedules AFTER griddepcontrol.wait (SASS: the LDG.E.CONSTANTs follow ACQBULK), so their DRAM latency
     // runs after the wait. The push form reads them with ld.global.cg (coherent, L2), which stays before it.
     auto w4 = [](const float* q) {
@@ -363,18 +348,17 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
 #endif
 }
 
-// LUCEBOX_GDN_DECODE: "split" keeps lb_gdn_decode_step on conv_prep + delta + out_norm; "push" and "pushpf"
-// select the fused kernel's push form (decode_fused_kernel<true, ...>: no end barrier, the stores after the
-// barrier's fence; "pushpf" also prefetches the state to L2 before pdl_wait); unset or anything else: the
-// shipped fused kernel where it applies. Read once per process.
-enum Variant { kSplit = 0, kShipped = 1, kPushV = 2, kPushPf = 3 };
+// LUCEBOX_GDN_DECODE: "split" keeps lb_gdn_decode_step on conv_prep + delta + out_norm; "pull" selects the
+// fused kernel's pull form (decode_fused_kernel<false>: peers' o read through DSMEM, end barrier); unset,
+// "push" or anything else: the push form (decode_fused_kernel<true>) where the fused kernel applies. Read once
+// per process.
+enum Variant { kSplit = 0, kPullV = 1, kPushV = 2 };
 int variant() {
     static const int v = [] {
         const char* e = std::getenv("LUCEBOX_GDN_DECODE");
         if (e && std::strcmp(e, "split") == 0) return (int)kSplit;
-        if (e && std::strcmp(e, "push") == 0) return (int)kPushV;
-        if (e && std::strcmp(e, "pushpf") == 0) return (int)kPushPf;
-        return (int)kShipped;
+        if (e && std::strcmp(e, "pull") == 0) return (int)kPullV;
+        return (int)kPushV;
     }();
     return v;
 }
@@ -389,7 +373,7 @@ bool device_ok() {
     int cl = 0;
     cudaFuncAttributes fa = {};
     const bool ok = cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, dev) == cudaSuccess && cl &&
-                    cudaFuncGetAttributes(&fa, decode_fused_kernel<false, false>) == cudaSuccess && fa.ptxVersion >= 90 &&
+                    cudaFuncGetAttributes(&fa, decode_fused_kernel<true>) == cudaSuccess && fa.ptxVersion >= 90 &&
                     fa.binaryVersion >= 90;
     if (!ok) (void)cudaGetLastError();  // a failed query leaves no sticky error for the caller
     if (dev >= 0 && dev < 16) cache[dev] = ok ? 1 : 0, known[dev] = true;
@@ -420,12 +404,10 @@ int decode_fused(const float* pre, const float* a, const float* b, const float* 
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = lb::pdl_enabled() ? 2 : 1;
-    // the three forms share arguments, shape and launch; one build holds them all (device_ok checks one image)
+    // the two forms share arguments, shape and launch; one build holds both (device_ok checks one image)
     void (*kernel)(const float*, const float*, const float*, const float*, const float*, const float*, const float*,
                    const float*, float*, float*, float*, int, int, float) =
-        variant() == kPushPf ? decode_fused_kernel<true, true>
-        : variant() == kPushV ? decode_fused_kernel<true, false>
-                              : decode_fused_kernel<false, false>;
+        variant() == kPullV ? decode_fused_kernel<false> : decode_fused_kernel<true>;
     return (int)cudaLaunchKernelEx(&cfg, kernel, pre, a, b, z, conv_w, ssm_a, dt_bias, norm_w, conv_state, state, y,
                                    hk, hv, eps);
 }

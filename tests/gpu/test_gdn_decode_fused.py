@@ -1,20 +1,23 @@
-"""The push forms of the fused decode DeltaNet kernel (cuda/ops/gdn_decode_fused.cu, decode_fused_kernel<true, ...>,
-selected by LUCEBOX_GDN_DECODE=push / pushpf, read once per process) against the shipped form and the CPU math.
+"""The forms of the decode DeltaNet step (cuda/ops/gdn_decode_fused.cu), selected by LUCEBOX_GDN_DECODE (read once
+per process): unset (or "push") = the fused kernel's push form, decode_fused_kernel<true>, the default; "pull" = the
+fused kernel's pull form, decode_fused_kernel<false> (peers' o read through DSMEM after the cluster barrier, end
+barrier; the default before the push form); "split" = the three kernels conv_prep + delta + out_norm.
 
-Each case runs in child processes, one per LUCEBOX_GDN_DECODE value (the knob is read once per process):
-  - push / pushpf vs the shipped kernel, 8 consecutive decode steps (y NaN-poisoned before each): the same
-    formulas and summation orders, so y and the recurrent state agree to 1e-6 relative RMS (bit for bit unless
-    nvcc contracts an expression differently), the conv state bit for bit;
+Each case runs in child processes, one per LUCEBOX_GDN_DECODE value:
+  - the default vs pull and vs split, 8 consecutive decode steps (y NaN-poisoned before each): the same formulas
+    and summation orders, so y and the recurrent state agree to 1e-6 relative RMS (bit for bit unless nvcc
+    contracts an expression differently), the conv state bit for bit;
   - against cpu.py's chained step at the 27B head counts and odd ones (r = 1, r = 3, r = 8 = the most warps);
   - under programmatic dependent launch (lb_set_pdl(1)), the steps of ONE layer back to back on a stream and in
-    one captured graph: step i + 1's blocks start while step i still runs, so its reads (and "pushpf"'s L2
-    prefetch before pdl_wait) race with step i's state and conv writes unless the kernel orders them;
-  - test_gdn_ops.py's decode tests (path, steps, fused vs split, graph replays) under each form, and the engine
-    tests that caught session 10's pre-wait state loads (test_dflash_engine / test_dflash_pdl, a few cases).
+    one captured graph (default and pull): step i + 1's blocks start while step i still runs, so its reads race
+    with step i's state and conv writes unless the kernel orders them;
+  - test_gdn_ops.py's decode tests (path, steps, fused vs split, graph replays) under pull (test_gdn_ops.py itself
+    runs them under the default), and the engine tests that caught session 10's pre-wait state loads
+    (test_dflash_engine / test_dflash_pdl, a few cases) under the default and under pull.
 
 Bench (H200; not a test): `python3 tests/gpu/test_gdn_decode_fused.py --bench` times lb_gdn_decode_step over the
 48 DeltaNet layers of the 27B (48 states of 3.1 MB each: 302 MB, so the states come from DRAM as in a real step)
-for shipped / push / pushpf / split, with PDL off and on, CUDA events around back-to-back launches held behind a
+for push (the default) / pull / split, with PDL off and on, CUDA events around back-to-back launches held behind a
 spin kernel (needs torch with CUDA, as scripts/bench_gdn_attn.py).
 
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_gdn_decode_fused.py`.
@@ -38,9 +41,10 @@ HERE = Path(__file__).resolve().parent
 D = 128
 EPS = 1e-6
 TOL = 1e-4
-SAME_TOL = 1e-6  # push vs shipped: the same arithmetic (see the module doc)
+SAME_TOL = 1e-6  # push vs pull / split: the same arithmetic (see the module doc)
 STEPS = 8
-VARIANTS = ["push", "pushpf"]
+OTHERS = ["pull", "split"]  # compared against the default (push)
+FUSED_FORMS = ["default", "pull"]  # the fused kernel's two forms
 HEADS = [(16, 48), (2, 6), (4, 4), (3, 24)]
 HEAD_IDS = ["Hk16-Hv48", "Hk2-Hv6", "Hk4-Hv4", "Hk3-Hv24"]
 f32 = np.float32
@@ -51,16 +55,22 @@ def _seed(hk: int, hv: int) -> int:
 
 
 def _child(variant: str, mode: str, hk: int, hv: int, out: Path) -> dict:
-    """Run this file's --dump in a child process under LUCEBOX_GDN_DECODE=variant ("shipped": unset)."""
-    env = dict(os.environ)
-    env.pop("LUCEBOX_GDN_DECODE", None)
-    if variant != "shipped":
-        env["LUCEBOX_GDN_DECODE"] = variant
+    """Run this file's --dump in a child process under LUCEBOX_GDN_DECODE=variant ("default": unset)."""
+    env = _env(variant)
     env.pop("LUCEBOX_PDL", None)  # the pdl modes turn it on themselves; the plain mode keeps the default
     r = subprocess.run([sys.executable, __file__, "--dump", str(out), mode, str(hk), str(hv)], env=env,
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return dict(np.load(out))
+
+
+def _env(variant: str) -> dict:
+    """This environment with LUCEBOX_GDN_DECODE=variant ("default": unset, whatever the parent has)."""
+    env = dict(os.environ)
+    env.pop("LUCEBOX_GDN_DECODE", None)
+    if variant != "default":
+        env["LUCEBOX_GDN_DECODE"] = variant
+    return env
 
 
 def _dump(mode: str, hk: int, hv: int) -> dict:
@@ -121,43 +131,48 @@ def _reference(hk: int, hv: int):
     return y_ref[:, 0], s_ref, c_ref
 
 
-def _fused_expected() -> int:
-    import test_gdn_ops as G
+def _path_expected(variant: str) -> int:
+    """lb_gdn_decode_path(1, hk, hv <= 8 hk) in a child under `variant`: the fused kernel on an sm_90+ GPU unless
+    the knob says split (not test_gdn_ops._fused_expected: that one reads this process's environment)."""
+    from lucebox_cli.engines import _lib
 
-    return G._fused_expected()
+    if variant == "split":
+        return 0
+    return int(_lib.probe_gpus().gpus[0]["cc_major"] >= 9)
 
 
 @pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_variant_vs_shipped_and_cpu(variant, hk, hv, tmp_path):
-    """8 steps, one synchronised call a step: the push form against the shipped kernel (1e-6, conv bit for bit,
-    after every step) and against cpu.py's chained math (1e-4)."""
+@pytest.mark.parametrize("other", OTHERS)
+def test_default_vs_other_and_cpu(other, hk, hv, tmp_path):
+    """8 steps, one synchronised call a step: the default (push) against pull / split (1e-6, conv bit for bit, after
+    every step), and both against cpu.py's chained math (1e-4)."""
     from gdn_attn_dev import assert_close
 
-    ship = _child("shipped", "plain", hk, hv, tmp_path / "ship.npz")
-    got = _child(variant, "plain", hk, hv, tmp_path / "var.npz")
-    want = _fused_expected()
-    assert int(ship["path"]) == want and int(got["path"]) == want
+    got = _child("default", "plain", hk, hv, tmp_path / "default.npz")
+    ref = _child(other, "plain", hk, hv, tmp_path / "other.npz")
+    assert int(got["path"]) == _path_expected("default"), "the default did not take the fused kernel"
+    assert int(ref["path"]) == _path_expected(other), f"LUCEBOX_GDN_DECODE={other} took the wrong path"
     y_ref, s_ref, c_ref = _reference(hk, hv)
     for i in range(STEPS):
-        assert_close(got["y"][i], ship["y"][i], SAME_TOL, f"{variant} vs shipped y, step {i}")
-        assert_close(got["states"][i], ship["states"][i], SAME_TOL, f"{variant} vs shipped state, step {i}")
-        assert_close(got["y"][i], y_ref[i], TOL, f"{variant} y vs cpu, step {i}")
-        assert_close(got["states"][i], s_ref[i], TOL, f"{variant} state vs cpu, step {i}")
-        assert np.array_equal(got["convs"][i], ship["convs"][i]), f"{variant} vs shipped conv state, step {i}"
-        assert np.array_equal(got["convs"][i], c_ref[i]), f"{variant} conv state vs cpu, step {i}"
+        assert_close(got["y"][i], ref["y"][i], SAME_TOL, f"default vs {other} y, step {i}")
+        assert_close(got["states"][i], ref["states"][i], SAME_TOL, f"default vs {other} state, step {i}")
+        assert np.array_equal(got["convs"][i], ref["convs"][i]), f"default vs {other} conv state, step {i}"
+        for name, run in (("default", got), (other, ref)):
+            assert_close(run["y"][i], y_ref[i], TOL, f"{name} y vs cpu, step {i}")
+            assert_close(run["states"][i], s_ref[i], TOL, f"{name} state vs cpu, step {i}")
+            assert np.array_equal(run["convs"][i], c_ref[i]), f"{name} conv state vs cpu, step {i}"
 
 
 @pytest.mark.parametrize("hk,hv", [(16, 48), (2, 6)], ids=["Hk16-Hv48", "Hk2-Hv6"])
 @pytest.mark.parametrize("mode", ["pdl_stream", "pdl_graph"])
-@pytest.mark.parametrize("variant", ["shipped"] + VARIANTS)
+@pytest.mark.parametrize("variant", FUSED_FORMS)
 def test_variant_under_pdl(variant, mode, hk, hv, tmp_path):
     """One layer's 8 steps back to back under PDL (each step's state and conv state are the next step's input):
     every step's y against cpu.py's chain, the final state (1e-4) and conv state (bit for bit)."""
     from gdn_attn_dev import assert_close
 
     got = _child(variant, mode, hk, hv, tmp_path / "pdl.npz")
-    assert int(got["path"]) == _fused_expected()
+    assert int(got["path"]) == _path_expected(variant)
     y_ref, s_ref, c_ref = _reference(hk, hv)
     for i in range(STEPS):
         assert_close(got["y"][i], y_ref[i], TOL, f"{variant} {mode} y, step {i}")
@@ -165,22 +180,22 @@ def test_variant_under_pdl(variant, mode, hk, hv, tmp_path):
     assert np.array_equal(got["conv"], c_ref[-1]), f"{variant} {mode} conv state"
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_gdn_ops_decode_suite(variant):
-    """test_gdn_ops.py's fused-decode tests with the push form as this process's default."""
-    env = dict(os.environ, LUCEBOX_GDN_DECODE=variant)
+def test_gdn_ops_decode_suite_under_pull():
+    """test_gdn_ops.py's fused-decode tests with the pull form as the child's kernel (the default runs them in
+    test_gdn_ops.py itself)."""
+    env = _env("pull")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE / "test_gdn_ops.py"),
                         "-k", "decode_path or decode_steps or decode_fused_vs_split or decode_graph_replays"],
                        env=env, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", FUSED_FORMS)
 def test_engine_under_variant(variant):
     """The engine tests that caught session 10's state loads before pdl_wait (a wrong first step after a prefill or
-    a commit; docs/perf.md "A decode step under PDL"), with the push form as the decode DeltaNet kernel: the decode
-    step graph runs under PDL, so pushpf's L2 prefetch before the wait is exercised where that failure showed."""
-    env = dict(os.environ, LUCEBOX_GDN_DECODE=variant)
+    a commit; docs/perf.md "A decode step under PDL"), with each fused form as the decode DeltaNet kernel: the
+    decode step graph runs under PDL, where that failure showed."""
+    env = _env(variant)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         str(HERE / "test_dflash_engine.py"), str(HERE / "test_dflash_pdl.py"),
                         "-k", "prefill_and_greedy or verify_commit_step or pdl_on_and_off"],
@@ -251,13 +266,10 @@ def _bench_child(pdl: int, reps: int) -> dict:
 
 def bench(reps: int) -> int:
     rows = []
-    for variant in ["shipped", "push", "pushpf", "split"]:
+    for variant in ["default", "pull", "split"]:  # default: push
         for pdl in (0, 1):
-            env = dict(os.environ)
-            env.pop("LUCEBOX_GDN_DECODE", None)
+            env = _env(variant)
             env.pop("LUCEBOX_PDL", None)
-            if variant != "shipped":
-                env["LUCEBOX_GDN_DECODE"] = variant
             r = subprocess.run([sys.executable, __file__, "--bench-child", str(pdl), str(reps)], env=env,
                                capture_output=True, text=True, timeout=300)
             if r.returncode != 0:
@@ -266,8 +278,8 @@ def bench(reps: int) -> int:
             row = {"variant": variant, "pdl": pdl, **json.loads(r.stdout.strip().splitlines()[-1])}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    base = {r["pdl"]: r["us_per_layer"] for r in rows if r["variant"] == "shipped"}
-    print("\n| variant | PDL | µs / layer (median) | min..max | state GB/s | vs shipped |")
+    base = {r["pdl"]: r["us_per_layer"] for r in rows if r["variant"] == "pull"}
+    print("\n| variant | PDL | µs / layer (median) | min..max | state GB/s | vs pull |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         rel = f"{r['us_per_layer'] / base[r['pdl']]:.3f}" if r["pdl"] in base else "-"
