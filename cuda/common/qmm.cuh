@@ -833,21 +833,19 @@ int qmm_launch(const void* w, int64_t n_rows, int k, const float* x, int n, floa
         if (n == 1) {
             if (a.items >= INT32_MAX / kWarps)
                 return set_error(LB_ERR_INVALID_ARG, "lb_gemv_q: %lld items", (long long)a.items);
-            // six blocks per SM on sm_90 (80 registers; at seven ptxas spills 40 bytes; qmm_kernel<Q6_K> has 96: five);
-            // x staged per warp unless LUCEBOX_Q6_GEMV=old (qmm_gemv_rows.cuh gemv_q6_xs_enabled)
-            const bool xs = gemv_q6_xs_enabled();
-            if (const int cols = gemv_q6_cols_mode()) {
-                // LUCEBOX_Q6_GEMV=cols / cols2: one mma column per sub-block and lane (gemv_q6_cols_kernel), for A/B
-                const bool split = cols == 2;
-                const int st = split ? occupancy_config<gemv_q6_cols_kernel<6, true>>(c)
-                                     : occupancy_config<gemv_q6_cols_kernel<6, false>>(c);
+            // six blocks per SM on sm_90 (80 registers; at seven ptxas spills 40 bytes; qmm_kernel<Q6_K> has 96: five)
+            const Q6Gemv mode = gemv_q6_mode();
+            if (mode == Q6Gemv::cols) {
+                // the default: one mma column per sub-block and lane (qmm_gemv_rows.cuh gemv_q6_cols_kernel)
+                const int st = occupancy_config<gemv_q6_cols_kernel<6>>(c);
                 if (st != LB_OK) return st;
                 const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
                 if (!accumulate) LB_CUDA_TRY(cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n_rows, stream));
-                LB_CUDA_TRY(launch_pdl(split ? gemv_q6_cols_kernel<6, true> : gemv_q6_cols_kernel<6, false>,
-                                       dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
+                LB_CUDA_TRY(launch_pdl(gemv_q6_cols_kernel<6>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a));
                 return LB_OK;
             }
+            // LUCEBOX_Q6_GEMV=xs: x staged per warp; =old: before x staging (qmm_gemv_rows.cuh gemv_q6_mode)
+            const bool xs = mode == Q6Gemv::xs;
             const int st = xs ? gemv_cols_config<QT, true, 6, true>(c) : gemv_cols_config<QT, true, 6, false>(c);
             if (st != LB_OK) return st;
             const int64_t grid = std::min<int64_t>(a.items, (int64_t)c.grid_per_sm * c.sms);
@@ -885,8 +883,11 @@ int gemv_q6q4_launch(const void* w6, int64_t rows6, float* y6, const void* w4, i
     QmmArgs a4{static_cast<const uint8_t*>(w4), x, y4, rows4, k, 1, ceil_div(rows4, kGroupRows) * (k / QK)};
     if (a6.items + a4.items >= INT32_MAX / kWarps)
         return set_error(LB_ERR_INVALID_ARG, "lb_gemv_q_pair: %lld items", (long long)(a6.items + a4.items));
+    // the Q6 part matches lb_gemv_q's Q6_K_T kernel: cols by default, x staged under LUCEBOX_Q6_GEMV=xs or old
+    const bool cols = gemv_q6_mode() == Q6Gemv::cols;
     QmmConfig c;
-    const int st = occupancy_config<gemv_q6q4_tile_kernel<kBlocks>>(c);
+    const int st = cols ? occupancy_config<gemv_q6q4_tile_kernel<kBlocks, true>>(c)
+                        : occupancy_config<gemv_q6q4_tile_kernel<kBlocks, false>>(c);
     if (st != LB_OK) return st;
     PairCost pc{a6.items, a4.items, 8, 5};
     gemv_pair_weights(pc.w6, pc.w4);
@@ -895,7 +896,8 @@ int gemv_q6q4_launch(const void* w6, int64_t rows6, float* y6, const void* w4, i
         LB_CUDA_TRY(cudaMemsetAsync(y6, 0, sizeof(float) * (size_t)rows6, stream));
         LB_CUDA_TRY(cudaMemsetAsync(y4, 0, sizeof(float) * (size_t)rows4, stream));
     }
-    LB_CUDA_TRY(launch_pdl(gemv_q6q4_tile_kernel<kBlocks>, dim3((unsigned)grid), dim3(kThreads), 0, stream, a6, a4, pc));
+    LB_CUDA_TRY(launch_pdl(cols ? gemv_q6q4_tile_kernel<kBlocks, true> : gemv_q6q4_tile_kernel<kBlocks, false>,
+                           dim3((unsigned)grid), dim3(kThreads), 0, stream, a6, a4, pc));
     return LB_OK;
 }
 

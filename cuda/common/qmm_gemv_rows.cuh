@@ -271,7 +271,7 @@ __device__ __forceinline__ void q6_item_xs(const Traits<Q6_K>::Row (&r)[2], floa
 // registers, no spills; at 7, 72 registers and 40 bytes of spills; qmm_kernel<Q6_K, 1, 1> uses 96, five blocks).
 // sm_86 compiles it free (95 registers, no spills).
 //
-// kXs (session 10, the default; LUCEBOX_Q6_GEMV=old keeps kXs = false): x staged per warp. qmm_item loads the
+// kXs (session 10; LUCEBOX_Q6_GEMV=xs since session 12, =old keeps kXs = false): x staged per warp. qmm_item loads the
 // item's x itself, 16 LDG.128 per lane (mostly L2 hits), each just before its mma, so their latency sits inside
 // the item (ncu, H200: ~30% of the stall samples on the F2FP that convert them). Here the next item's 256 x go
 // out with the next item's weights at the end of an item (2 coalesced 16-byte cp.async per lane, into a per-warp
@@ -362,7 +362,7 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
     }
 }
 
-// ---- n = 1, Q6_K_T: one mma column per (sub-block, lane) ("cols", LUCEBOX_Q6_GEMV=cols; session 11) -----------
+// ---- n = 1, Q6_K_T: one mma column per (sub-block, lane) ("cols": session 11, the default since session 12) -------
 //
 // gemv_q6_tile_kernel<6, true> spends ~23 instructions per 32-bit ql word (8 weights of one row) on the A fragments:
 // two 2-LOP3 "or" terms per half-word pair, shifts, then q − 32 (HSUB2) and × d·sc (HMUL2) on each of four half2,
@@ -384,7 +384,9 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
 // entries with the zeros in place (zeroed once at the start, never overwritten), one LDS.128 per (c, u) as before;
 // the lanes whose B is zero read a block-wide zero kilobyte at the same offsets. Per item: 8 scale conversions and
 // 12 FFMA / FMUL in fp32 (y_g += d_g · Σ sc·C), 18 mmas (16 + 2). ptxas (sm_90, 80-register cap, 6 blocks per SM):
-// 80 registers, no spills, 11 KB of shared memory a block; the loop's SASS 381 instructions against 571 (cols2: 452).
+// 80 registers, no spills, 11 KB of shared memory a block; the loop's SASS 381 instructions against 571. (H200: −5.5%
+// at the 27B's attn_qkv, ffn_down and LM head against <6, true>; a form that issued the next item's loads earlier,
+// "cols2", measured no gain and was removed: docs/perf.md.)
 // Numerics: A is exact (1024 + q and −1056), B is qmm_item's fp16 x, products exact and summed in the mma's fp32
 // (which cancels 1056·Σx: ~60× the fp32 rounding, still ~100× below the fp16 rounding of x), then sc·C and d·Σ in
 // fp32. The shipped kernel rounds (q − 32)·fp16(d·sc) to fp16 per weight; this one does not, so it is at least as
@@ -392,6 +394,9 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_tile_kernel(QmmArgs a) {
 struct Q6Cols {
     static constexpr int kBytes = 1024;     // 2 c × 4 u × 4 t × 2 e entries of 16 bytes
     static constexpr int kNatBytes = 512;   // the same 256 fp16 x in their natural order: float4 i's pairs at 8i
+    static constexpr int kXfBytes = 1024;   // the next item's 256 fp32 x (cp.async)
+    // a warp's buffer (q6c_share): the B entries at 0, the natural-order x at kBytes, the fp32 x at kBytes + kNatBytes
+    static constexpr int kWarpBytes = kBytes + kNatBytes + kXfBytes;  // 2560: the Q4_K_T staging tile's size
     static constexpr uint32_t kNeg1056 = 0xE420E420u;  // two halves of −1056 (exact)
     // entry (c, u, t, e): words (b0, b1) of mma p = 02, then (b0, b1) of p = 13
     __host__ __device__ static constexpr int entry(int c, int u, int t, int e) { return 128 * (4 * c + u) + 16 * (2 * t + e); }
@@ -482,144 +487,120 @@ __device__ __forceinline__ void q6c_scale(const Traits<Q6_K>::Row (&r)[2], const
     }
 }
 
-// gemv_q6_tile_kernel<kBlocks, true>'s items, loads (the tiled layout, one item ahead), x staging by cp.async and
-// stream-K shares; the arithmetic above. The flush sums the four t lanes of a row (two shuffles) and adds once.
-// kSplit (LUCEBOX_Q6_GEMV=cols2): the next item's loads leave earlier, with no more registers: its x right after this
-// item's x is converted, its chunk-0 pieces (ql 0, qh 0 of both rows: 4 of the 11 loads, 1536 of 3360 bytes) as soon as
-// this item's chunk 0 is done (their registers are free), the rest at the end as before. Without it (=cols) every load
-// of the next item goes out at the end of this one, as in gemv_q6_tile_kernel.
-template <int kBlocks, bool kSplit = false>
-__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
-    using Row = Traits<Q6_K>::Row;
-    __shared__ __align__(16) uint8_t bs_all[kWarps][Q6Cols::kBytes];      // B entries, zeros in place
-    __shared__ __align__(16) uint8_t nat_all[kWarps][Q6Cols::kNatBytes];  // the fp16 x, natural order
-    __shared__ __align__(16) uint8_t xf_all[kWarps][2 * Q6Xs::kBytes];    // the next item's fp32 x (cp.async)
-    __shared__ __align__(16) uint8_t zero_kb[Q6Cols::kBytes];             // B of the lanes that feed no column
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    // zero both buffers before anything can return (stream_k_share) or read them; constants, so before pdl_wait
+// Zeroes a warp's B entries bs (its 1 KB; lane L the 16-byte words L and 32 + L) and, with the block's first 64
+// threads, the block's zero kilobyte, then __syncthreads: the zeros are in place before any B read. A block-uniform
+// call; the B stores (q6c_xs_store) never touch the zeros again.
+__device__ __forceinline__ void q6c_zero(uint8_t* bs, uint8_t* zero_kb, int lane) {
     static_assert(Q6Cols::kBytes / 16 <= kThreads, "one 16-byte store per thread zeroes zero_kb");
     if (threadIdx.x < Q6Cols::kBytes / 16) reinterpret_cast<uint4*>(zero_kb)[threadIdx.x] = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int i = 0; i < Q6Cols::kBytes / (16 * 32); ++i)
-        reinterpret_cast<uint4*>(bs_all[warp])[lane + 32 * i] = make_uint4(0, 0, 0, 0);
+        reinterpret_cast<uint4*>(bs)[lane + 32 * i] = make_uint4(0, 0, 0, 0);
     __syncthreads();
+}
+
+// One warp's items of a stream-K share [it0, it0 + left·kWarps) of a's Q6_K_T items, with the arithmetic above:
+// gemv_q6_tile_kernel<kBlocks, true>'s item order, loads (the tiled layout, one item ahead: the next item's weights
+// and x all go out at the end of this one) and x staging by cp.async; the first item's weights before pdl_wait. The
+// flush sums the four t lanes of a row (two shuffles) and adds once. buf: the warp's Q6Cols::kWarpBytes (its B
+// entries q6c_zero'd); zero_kb: the block's. gemv_q6_cols_kernel and gemv_q6q4_tile_kernel's Q6 part both run it,
+// so that the pair's Q6 outputs are the plain launch's bit for bit (same items, same flushes). (One buffer at
+// constant offsets: with three separate per-warp arrays ptxas spilled 4 bytes at the 80-register cap.)
+__device__ __forceinline__ void q6c_share(const QmmArgs& a, int64_t it0, int left, uint8_t* buf,
+                                          const uint8_t* zero_kb, int lane, int warp) {
+    using Row = Traits<Q6_K>::Row;
+    const int g = lane >> 2, t = lane & 3;
     const int nb = a.k / QK;
-    pdl_trigger();
-    int64_t it0, end0;
-    if (!stream_k_share(a, it0, end0)) return;
-    int left = (int)(end0 - it0);
     int tr = (int)(it0 / nb) * kWarps + warp;
     int kb = (int)(it0 % nb);
     const int n_tiles = (int)(a.n_rows / kTileRows);
     const int o_ql = Q6T::kQl + 16 * lane, o_qh = Q6T::kQh + 32 * g + 16 * (t & 1), o_sc = Q6T::kSc + 16 * g,
               o_d = Q6T::kD + 4 * g;
     const int s2 = 2 * (t >> 1), sh8 = 8 * t;
-    uint8_t* const bs = bs_all[warp];
+    uint8_t* const bs = buf;
+    uint8_t* const nat = buf + Q6Cols::kBytes;
     const int so = Q6Cols::store_off(lane);
     // lane (g, t) feeds column g with sub-block part e = g & 1 of lane t = g >> 1's k slots: its entry, else zeros
     const uint8_t* const bl = (g >> 1) == t ? bs + Q6Cols::entry(0, 0, t, g & 1) : zero_kb;
-    uint8_t* const nat = nat_all[warp];
     const uint8_t* const nl = nat + 8 * (16 * (g & 1) + 4 * (g >> 1) + t);
 
     Row rr[2];
     uint32_t d2 = 0;
-    // the pieces of chunk C of the item at tile row tr_, block kb_ (ql C, qh C of both rows), and with rest its scales
-    // and d
-    auto load_part = [&](int tr_, int kb_, auto C, bool rest) {
-        constexpr int c = decltype(C)::value;
-        const uint8_t* p = a.w + ((int64_t)tr_ * nb + kb_) * Q6T::kBytes;
+    // the item at tile row tr, block kb: chunk 0's pieces (ql 0, qh 0 of both rows), chunk 1's, the scales and d
+    // (the order session 11 measured)
+    auto load = [&]() {
+        const uint8_t* p = a.w + ((int64_t)tr * nb + kb) * Q6T::kBytes;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            rr[h].v[c] = ldg_stream(p + o_ql + 512 * (2 * c + h));
-            rr[h].v[2 + c] = ldg_stream(p + o_qh + 256 * (2 * c + h));
-        }
-        if (rest) {
+        for (int c = 0; c < 2; ++c) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) rr[h].v[4] = ldg_stream(p + o_sc + 128 * h);
-            d2 = ldg_stream4(p + o_d);
+            for (int h = 0; h < 2; ++h) {
+                rr[h].v[c] = ldg_stream(p + o_ql + 512 * (2 * c + h));
+                rr[h].v[2 + c] = ldg_stream(p + o_qh + 256 * (2 * c + h));
+            }
         }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) rr[h].v[4] = ldg_stream(p + o_sc + 128 * h);
+        d2 = ldg_stream4(p + o_d);
     };
-    const uint32_t xf = (uint32_t)__cvta_generic_to_shared(xf_all[warp] + 16 * lane);
-    auto load_x = [&](int kb_) {
-        const float* xp = a.x + kb_ * QK + 4 * lane;
+    const uint32_t xf = (uint32_t)__cvta_generic_to_shared(buf + Q6Cols::kBytes + Q6Cols::kNatBytes + 16 * lane);
+    auto load_x = [&]() {
+        const float* xp = a.x + kb * QK + 4 * lane;
         q6_cp_async16(xf, xp);
         q6_cp_async16(xf + 512, xp + 128);
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
-    using I0 = std::integral_constant<int, 0>;
-    using I1 = std::integral_constant<int, 1>;
 
     float y[2] = {0.0f, 0.0f};
-    auto item = [&](auto after_x, auto after_chunk0) {  // this item's arithmetic, with the kSplit hooks
-        q6c_xs_store(bs, nat, xf, so, lane);
-        after_x();
-        const float2 d = __half22float2(bits_h2(d2));
-        float acc[4];
-        q6c_chunk<0>(rr, bl, nl, s2, acc);
-        q6c_scale<0>(rr, acc, d.x, d.y, sh8, y);
-        after_chunk0();
-        q6c_chunk<1>(rr, bl, nl, s2, acc);
-        q6c_scale<1>(rr, acc, d.x, d.y, sh8, y);
-    };
-    auto flush = [&]() {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float v = y[h];
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-            v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-            if (t == 0) atomicAdd(a.y + (int64_t)tr * kTileRows + g + 8 * h, v);
-            y[h] = 0.0f;
-        }
-    };
     // The first item's weights are constant: their loads go out before waiting for the previous kernel (PDL).
-    if (tr < n_tiles) {
-        load_part(tr, kb, I0{}, false);
-        load_part(tr, kb, I1{}, true);
-    }
+    if (tr < n_tiles) load();
     pdl_wait();
-    if (tr < n_tiles) load_x(kb);
-    if constexpr (!kSplit) {
-        // gemv_q6_tile_kernel's loop: the next item's loads all at the end of this one
-        auto none = [] {};
-        for (;;) {
-            const bool live = tr < n_tiles;
-            if (live) item(none, none);
-            --left;
-            if ((kb + 1 == nb || left == 0) && live) flush();
-            if (left == 0) break;
-            if (++kb == nb) {
-                kb = 0;
-                tr += kWarps;
-            }
-            if (tr < n_tiles) {
-                load_part(tr, kb, I0{}, false);
-                load_part(tr, kb, I1{}, true);
-                load_x(kb);
+    if (tr < n_tiles) load_x();
+    for (;;) {
+        const bool live = tr < n_tiles;
+        if (live) {
+            q6c_xs_store(bs, nat, xf, so, lane);
+            const float2 d = __half22float2(bits_h2(d2));
+            float acc[4];
+            q6c_chunk<0>(rr, bl, nl, s2, acc);
+            q6c_scale<0>(rr, acc, d.x, d.y, sh8, y);
+            q6c_chunk<1>(rr, bl, nl, s2, acc);
+            q6c_scale<1>(rr, acc, d.x, d.y, sh8, y);
+        }
+        --left;
+        if ((kb + 1 == nb || left == 0) && live) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v = y[h];
+                v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+                v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+                if (t == 0) atomicAdd(a.y + (int64_t)tr * kTileRows + g + 8 * h, v);
+                y[h] = 0.0f;
             }
         }
-    } else {
-        for (;;) {
-            const bool live = tr < n_tiles;
-            // the next item (warp-uniform): its position, and whether this warp loads it
-            int tr_n = tr, kb_n = kb + 1;
-            if (kb_n == nb) {
-                kb_n = 0;
-                tr_n += kWarps;
-            }
-            const bool next = left > 1 && tr_n < n_tiles;
-            // (a dead warp's next item is dead too: nothing to load early)
-            if (live)
-                item([&] { if (next) load_x(kb_n); },  // this lane's fp32 x copy is read back and converted
-                     [&] { if (next) load_part(tr_n, kb_n, I0{}, false); });  // chunk 0's registers are free
-            --left;
-            if ((kb + 1 == nb || left == 0) && live) flush();
-            if (left == 0) break;
-            tr = tr_n;
-            kb = kb_n;
-            if (next) load_part(tr, kb, I1{}, true);
+        if (left == 0) break;
+        if (++kb == nb) {
+            kb = 0;
+            tr += kWarps;
+        }
+        if (tr < n_tiles) {
+            load();
+            load_x();
         }
     }
+}
+
+// The kernel: per-warp buffers, the zeros, the block's stream-K share, q6c_share.
+template <int kBlocks>
+__global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
+    __shared__ __align__(16) uint8_t bufs[kWarps][Q6Cols::kWarpBytes];  // B entries (zeros in place), x copies
+    __shared__ __align__(16) uint8_t zero_kb[Q6Cols::kBytes];           // B of the lanes that feed no column
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // the zeros before anything can return (stream_k_share) or read them; constants, so before pdl_wait
+    q6c_zero(bufs[warp], zero_kb, lane);
+    pdl_trigger();
+    int64_t it0, end0;
+    if (!stream_k_share(a, it0, end0)) return;
+    q6c_share(a, it0, (int)(end0 - it0), bufs[warp], zero_kb, lane, warp);
 }
 
 // ---- n = 1, a Q6_K_T and a Q4_K_T product of the same x in one launch (gemv_q6q4_tile_kernel) ---------------
@@ -627,14 +608,15 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6_cols_kernel(QmmArgs a) {
 // The 27B decode's DeltaNet layer runs attn_qkv (Q6_K_T 10240×5120, 43 MB) and attn_gate + ssm_beta + ssm_alpha
 // (Q4_K_T 6240×5120, one tensor of their summed rows, 18 MB) on the same normed h, with nothing between them.
 // Under PDL (docs/perf.md, session 10) the second launch took 7.7 µs where its bytes need 4.5: ramp and drain of a
-// launch of ~2 items per warp. Here both are one launch over the concatenated item list: items [0, n6) are
-// gemv_q6_tile_kernel<6, true>'s (x staged), [n6, n6 + n4) gemv_k45_tile_kernel<Q4_K_T>'s. A block's share is a
-// contiguous range of that list, so it crosses the boundary at most once: the kernel runs the Q6 loop over the
-// share's Q6 part, then the Q4 loop over its Q4 part (a block-uniform split, no per-item branch). The two loops
-// below are copies of those kernels' bodies (not a shared function: the shipped kernels keep their SASS), with
-// their loads, arithmetic and flushes (each part atomically adds into its own y), so the results are the two
-// launches' up to the order of the fp32 atomics. The per-warp shared memory is one buffer used by both parts in
-// turn (Q4's 2560-byte staging tile; Q6's 512-byte fp16 x and 1024-byte fp32 x inside it).
+// launch of ~2 items per warp. Here both are one launch over the concatenated item list: items [0, n6) are the
+// Q6_K_T kernel's (gemv_q6_cols_kernel's by default, kCols; gemv_q6_tile_kernel<6, true>'s otherwise),
+// [n6, n6 + n4) gemv_k45_tile_kernel<Q4_K_T>'s. A block's share is a contiguous range of that list, so it crosses the
+// boundary at most once: the kernel runs the Q6 loop over the share's Q6 part, then the Q4 loop over its Q4 part (a
+// block-uniform split, no per-item branch). The cols Q6 loop is gemv_q6_cols_kernel's own device function
+// (q6c_share); the x-staged Q6 loop and the Q4 loop are copies of those kernels' bodies (not shared functions: those
+// kernels keep their SASS), with their loads, arithmetic and flushes (each part atomically adds into its own y), so
+// the results are the two launches' up to the order of the fp32 atomics. The per-warp shared memory is one buffer
+// used by both parts in turn (Q4's 2560-byte staging tile; the Q6 part's buffers inside it).
 //
 // Shares are equal in estimated time, not items: a Q6 item (3360 bytes, ~545 instructions) costs w6, a Q4 item
 // (2304 bytes, ~303) w4 (default 8 : 5, LUCEBOX_QKV_ZBA_W="w6:w4" for A/B; H200 rates at n = 1: Q6_K_T ~1.5-1.75×
@@ -656,13 +638,20 @@ struct PairCost {
     }
 };
 
-template <int kBlocks>
+//
+// kCols (the default; LUCEBOX_Q6_GEMV=xs or old: false): the Q6 part is gemv_q6_cols_kernel's (q6c_share, the same
+// device function), matching lb_gemv_q's default Q6_K_T kernel; without it the Q6 part is gemv_q6_tile_kernel<6,
+// true>'s loop below (bit-identical to <6, false>, the "old" kernel). Per warp the cols part needs 2.5 KB (B entries
+// 1 KB, natural-order x 512 bytes, fp32 x 1 KB): the Q4 staging tile's size, so the buffer does not grow; the block's
+// zero kilobyte is extra (11 KB a block against 10 KB, six blocks per SM either way).
+template <int kBlocks, bool kCols>
 __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6q4_tile_kernel(QmmArgs a6, QmmArgs a4, PairCost pc) {
     using R4 = K45Rows<Q4_K_T>;
     using K4 = K45Cols<Q4_K_T>;
     using Row6 = Traits<Q6_K>::Row;
     using Row4 = typename K4::Row;
-    constexpr int kBufBytes = R4::kTileBytes > 3 * Q6Xs::kBytes ? R4::kTileBytes : 3 * Q6Xs::kBytes;
+    constexpr int kQ6Bytes = kCols ? Q6Cols::kWarpBytes : 3 * Q6Xs::kBytes;
+    constexpr int kBufBytes = R4::kTileBytes > kQ6Bytes ? R4::kTileBytes : kQ6Bytes;
     __shared__ __align__(16) uint8_t bufs[kWarps][kBufBytes];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -676,8 +665,16 @@ __global__ void LB_GEMV_TILE_BOUNDS(kBlocks) gemv_q6q4_tile_kernel(QmmArgs a6, Q
     }
     uint8_t* const buf = bufs[warp];
 
-    // ---- the share's Q6_K_T part: gemv_q6_tile_kernel<kBlocks, true>'s loop over [it0, min(end0, n6)) ----
-    if (it0 < pc.n6) {
+    // ---- the share's Q6_K_T part over [it0, min(end0, n6)) (block-uniform): kCols gemv_q6_cols_kernel's ----
+    if constexpr (kCols) {
+        if (it0 < pc.n6) {
+            __shared__ __align__(16) uint8_t zero_kb[Q6Cols::kBytes];
+            q6c_zero(buf, zero_kb, lane);
+            q6c_share(a6, it0, (int)(min(end0, pc.n6) - it0), buf, zero_kb, lane, warp);
+        }
+    }
+    // ---- else gemv_q6_tile_kernel<kBlocks, true>'s loop ----
+    if (!kCols && it0 < pc.n6) {
         const QmmArgs& a = a6;
         int left = (int)(min(end0, pc.n6) - it0);
         int tr = (int)(it0 / nb) * kWarps + warp;
@@ -803,25 +800,19 @@ inline void gemv_pair_weights(int& w6, int& w4) {
     w4 = w.second;
 }
 
-// Whether n = 1 Q6_K_T runs gemv_q6_tile_kernel<6, true> (x staged per warp): LUCEBOX_Q6_GEMV=old keeps
-// gemv_q6_tile_kernel<6, false> (for A/B runs); anything else (or unset) the staged one. Read once per process.
-inline bool gemv_q6_xs_enabled() {
-    static const bool on = [] {
+// Which n = 1 Q6_K_T kernel runs (lb_gemv_q, and the Q6 part of lb_gemv_q_pair's merged launch): cols =
+// gemv_q6_cols_kernel<6> (one mma column per sub-block and lane; the default since session 12: H200 −5.5% at the
+// 27B shapes); LUCEBOX_Q6_GEMV=xs gemv_q6_tile_kernel<6, true> (x staged per warp, the default of sessions 10-11);
+// =old gemv_q6_tile_kernel<6, false> (before x staging; the pair keeps the xs Q6 part then, bit-identical to it).
+// Any other value (or unset): cols. For A/B runs; read once per process.
+enum class Q6Gemv { cols, xs, old };
+inline Q6Gemv gemv_q6_mode() {
+    static const Q6Gemv mode = [] {
         const char* e = std::getenv("LUCEBOX_Q6_GEMV");
-        return !(e && std::strcmp(e, "old") == 0);
-    }();
-    return on;
-}
-
-// Which n = 1 Q6_K_T kernel LUCEBOX_Q6_GEMV asks for beyond the default and "old": 1 = gemv_q6_cols_kernel<6, false>
-// ("cols": one mma column per sub-block and lane, session 11), 2 = gemv_q6_cols_kernel<6, true> ("cols2": the same
-// with the next item's loads split), 0 = neither (the default stays gemv_q6_tile_kernel<6, true>). For A/B runs; read
-// once per process.
-inline int gemv_q6_cols_mode() {
-    static const int mode = [] {
-        const char* e = std::getenv("LUCEBOX_Q6_GEMV");
-        if (!e) return 0;
-        return std::strcmp(e, "cols") == 0 ? 1 : std::strcmp(e, "cols2") == 0 ? 2 : 0;
+        if (!e) return Q6Gemv::cols;
+        if (std::strcmp(e, "xs") == 0) return Q6Gemv::xs;
+        if (std::strcmp(e, "old") == 0) return Q6Gemv::old;
+        return Q6Gemv::cols;
     }();
     return mode;
 }

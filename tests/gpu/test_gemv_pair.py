@@ -4,8 +4,10 @@ the float64 reference of test_quant_gemv (random GGUF blocks through lb_quant_re
 
 Both outputs sit in one buffer, b's right after a's (the engine's [qkv | z | beta | alpha] row). At K = 256 every
 output row gets one item, hence one atomicAdd onto zero, and the same arithmetic: bit-identical to the two launches;
-at larger K equal up to the fp32 order of the stream-K atomics. LUCEBOX_QKV_ZBA=0 (read once per process: a child)
-keeps two launches. Run: pytest -m gpu tests/gpu/test_gemv_pair.py, or as a script (--bench: µs of the merged launch
+at larger K equal up to the fp32 order of the stream-K atomics. The merged launch's Q6 part follows lb_gemv_q's
+Q6_K_T kernel: gemv_q6_cols_kernel's arithmetic by default, the x-staged one under LUCEBOX_Q6_GEMV=xs and =old (=old's
+plain launch is bit-identical to xs); both switch values run in children here. LUCEBOX_QKV_ZBA=0 (read once per
+process: a child) keeps two launches. Run: pytest -m gpu tests/gpu/test_gemv_pair.py, or as a script (--bench: µs of the merged launch
 against the two at the 27B shapes).
 """
 
@@ -131,6 +133,24 @@ def test_switch_off_keeps_two_launches():
     assert "off ok" in r.stdout
 
 
+# K = 256 shapes first (the bit-for-bit check), then larger K (the order of the atomics only)
+Q6_MODE_SHAPES = [(16, 16, 256), (48, 80, 256), (1008, 272, 256), (1008, 272, 256 * 7), (4112, 48, 768)]
+
+
+@pytest.mark.parametrize("mode", ["xs", "old"])
+def test_pair_matches_two_launches_q6_mode(mode):
+    """LUCEBOX_Q6_GEMV=xs / old (a child process): the merged launch (x-staged Q6 part) against the two launches
+    (the xs, resp. old, plain kernel), bit for bit at K = 256."""
+    if os.environ.get("LUCEBOX_Q6_GEMV"):
+        pytest.skip("LUCEBOX_Q6_GEMV is set here: the child sets its own")
+    env = dict(os.environ, LUCEBOX_Q6_GEMV=mode)
+    env.pop("LUCEBOX_QKV_ZBA", None)
+    r = subprocess.run([sys.executable, __file__, "--check-q6-mode"], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "q6 mode ok" in r.stdout
+
+
 def bench(iters: int = 200) -> None:
     """µs per call at the 27B shape: the pair (merged) against the two lb_gemv_q, weights L2-resident (a floor on the
     launch cost, not the HBM timeline: docs/perf.md has the in-graph numbers)."""
@@ -166,6 +186,12 @@ if __name__ == "__main__":
         check_shape(1008, 272, 256 * 7, 0)
         check_shape(48, 80, 256, 0)
         print("off ok")
+    elif "--check-q6-mode" in sys.argv:  # under LUCEBOX_Q6_GEMV=xs or old
+        assert lib().fn.lb_gemv_q_pair_merged(Q6T, Q4T) == 1
+        for ra, rb, k in Q6_MODE_SHAPES:
+            for acc in (0, 1):
+                check_shape(ra, rb, k, acc)
+        print("q6 mode ok")
     elif "--bench" in sys.argv:
         bench()
     else:

@@ -9,10 +9,10 @@ compared by relative RMS error (fp16 weights and activations into fp32 accumulat
 Runs under pytest (marker gpu) or as a script: `python tests/gpu/test_quant_gemv.py [--bench]`, which
 also prints the bandwidth table at the 27B shapes (--gemv-bench: only its n = 1 K-quant rows; --tile-bench: Q4_K
 against the tiled Q4_K at n = 1, 23, 64; --bench-one QT ROWS K ITERS [N]: one shape, for a profiler, QT Q4_K_T
-included; --tile6-bench: Q6_K against the tiled Q6_K at n = 1, 8, 23, 64; LUCEBOX_Q6_GEMV=old runs the tiled Q6_K's
-n = 1 on the kernel before x staging, for an A/B; LUCEBOX_Q6_GEMV=cols / cols2 on gemv_q6_cols_kernel; --q6-ab
-[ITERS]: the tiled Q6_K's n = 1 at the 27B shapes under the default, =cols, =cols2 and =old, each in a child
-process). Every Q4_K case also runs on the tiled
+included; --tile6-bench: Q6_K against the tiled Q6_K at n = 1, 8, 23, 64; the tiled Q6_K's n = 1 runs
+gemv_q6_cols_kernel by default, LUCEBOX_Q6_GEMV=xs the x-staged kernel before it, =old the kernel before x staging,
+for A/B runs; --q6-ab [ITERS]: the tiled Q6_K's n = 1 at the 27B shapes under the default, =xs and =old, each in a
+child process). Every Q4_K case also runs on the tiled
 layout (qtype 268) as "Q4_K_T", every Q6_K case on the tiled Q6_K (qtype 270) as "Q6_K_T".
 """
 
@@ -338,19 +338,21 @@ def test_tiled_q6k_matches_q6k():
         # Same products, different fp32 summation order (the two kernels split K across blocks differently: 6 blocks
         # per SM against 5, stream-K atomics): a random-walk bound of 2·sqrt(K)·2^-24 relative (1.6e-5 at K = 17408,
         # which measured 1.56e-6 on the H200; a 1e-6 bound failed there). A wrong block or scale is O(1).
-        # (Under LUCEBOX_Q6_GEMV=cols / cols2 the tiled n = 1 keeps q − 32 exact and scales in fp32 instead: not the same
-        # products, so only the fp16 rounding of (q − 32)·d·sc bounds the difference.)
+        # (The tiled n = 1's default, gemv_q6_cols_kernel, keeps q − 32 exact and scales in fp32 instead: not the same
+        # products, so only the fp16 rounding of (q − 32)·d·sc bounds the difference; LUCEBOX_Q6_GEMV=xs / old run
+        # qmm_item's products.)
         import os
 
-        cols = os.environ.get("LUCEBOX_Q6_GEMV") in ("cols", "cols2")
+        cols = os.environ.get("LUCEBOX_Q6_GEMV") not in ("xs", "old")
         bound = 5e-4 if n == 1 and cols else 2 * np.sqrt(k) * 2.0**-24
         assert rel_rms(b.astype(np.float64), a.astype(np.float64)) < bound, (rows, k, n)
 
 
-# n = 1 Q6_K_T runs gemv_q6_tile_kernel<6, true> (x staged per warp) unless LUCEBOX_Q6_GEMV=old (read once per
-# process: the old kernel runs in a child). Both feed the same fp16 products to the mmas in the same order, so at
-# K = 256 (one item, hence one atomicAdd, per output row) they agree bit for bit; at larger K up to the fp32 order of
-# the stream-K atomics. The attn_qkv and ffn_down shapes of the 27B are included (the LM head's reference is too big).
+# n = 1 Q6_K_T runs gemv_q6_cols_kernel by default, gemv_q6_tile_kernel<6, true> (x staged per warp) under
+# LUCEBOX_Q6_GEMV=xs and <6, false> under =old (read once per process: each in a child). xs and old feed the same fp16
+# products to the mmas in the same order, so at K = 256 (one item, hence one atomicAdd, per output row) they agree
+# bit for bit; at larger K up to the fp32 order of the stream-K atomics. The attn_qkv and ffn_down shapes of the 27B
+# are included (the LM head's reference is too big).
 Q6_XS_SHAPES = [(1008, 256), (1008, 256 * 7), (10240, 5120), (5120, 17408)]
 
 
@@ -370,21 +372,23 @@ def q6_gemv_outputs() -> dict[str, np.ndarray]:
     return out
 
 
-def test_q6_gemv_old_env_same(tmp_path):
-    """LUCEBOX_Q6_GEMV=old (today's gemv_q6_tile_kernel, in a child process) against the default (x staged per
-    warp, this process): both right against the float64 reference, bit-identical at K = 256."""
+def q6_child(mode: str, flag: str, dump) -> dict[str, np.ndarray]:
+    """This file under LUCEBOX_Q6_GEMV=mode with `flag` (a --dump-q6-* option): the arrays it saved."""
     import os
     import subprocess
 
-    if os.environ.get("LUCEBOX_Q6_GEMV"):
-        pytest.skip("LUCEBOX_Q6_GEMV is set here: this process would not run the default (staged) kernel")
-    dump = tmp_path / "q6_old.npz"
-    env = dict(os.environ, LUCEBOX_Q6_GEMV="old")
-    r = subprocess.run([sys.executable, __file__, "--dump-q6-gemv", str(dump)], env=env, capture_output=True,
-                       text=True, timeout=900)
+    env = dict(os.environ, LUCEBOX_Q6_GEMV=mode)
+    r = subprocess.run([sys.executable, __file__, flag, str(dump)], env=env, capture_output=True, text=True,
+                       timeout=1200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    old = dict(np.load(dump))
-    new = q6_gemv_outputs()
+    return dict(np.load(dump))
+
+
+def test_q6_gemv_old_env_same(tmp_path):
+    """LUCEBOX_Q6_GEMV=old (gemv_q6_tile_kernel<6, false>) against =xs (x staged per warp), each in a child: both
+    right against the float64 reference, bit-identical at K = 256."""
+    old = q6_child("old", "--dump-q6-gemv", tmp_path / "q6_old.npz")
+    new = q6_child("xs", "--dump-q6-gemv", tmp_path / "q6_xs.npz")
     for rows, k in Q6_XS_SHAPES:
         key = f"{rows}x{k}"
         _, ref = case("Q6_K_T", rows, k)
@@ -398,11 +402,11 @@ def test_q6_gemv_old_env_same(tmp_path):
             assert rel_rms(new[key].astype(np.float64), old[key].astype(np.float64)) < 2 * np.sqrt(k) * 2.0**-24, key
 
 
-# LUCEBOX_Q6_GEMV=cols runs n = 1 Q6_K_T on gemv_q6_cols_kernel (one mma column per sub-block and lane; read once per
-# process: it runs in a child). Odd tile counts and K, one item (K = 256), and the 27B's attn_qkv / ffn_down shapes,
-# stored into NaN-poisoned y and accumulated onto a preset y; against the float64 reference, and against the default
-# kernel: not bit-identical (the default rounds (q − 32)·d·sc to fp16 per weight, cols keeps q − 32 exact and scales
-# in fp32), so cols must be at least as close to the reference as the default (same fp16 x in both).
+# The default n = 1 Q6_K_T kernel, gemv_q6_cols_kernel (one mma column per sub-block and lane), against
+# LUCEBOX_Q6_GEMV=xs (the x-staged kernel it replaced, in a child). Odd tile counts and K, one item (K = 256), and the
+# 27B's attn_qkv / ffn_down shapes, stored into NaN-poisoned y and accumulated onto a preset y; against the float64
+# reference, and against xs: not bit-identical (xs rounds (q − 32)·d·sc to fp16 per weight, cols keeps q − 32 exact
+# and scales in fp32), so cols must be at least as close to the reference as xs (same fp16 x in both).
 Q6_COLS_SHAPES = [(16, 256), (272, 256 * 3), (304, 256 * 7), (1008, 256), (10240, 5120), (5120, 17408)]
 
 
@@ -410,35 +414,29 @@ def q6_cols_errors() -> dict[str, float]:
     return {f"{rows}x{k}-{acc}": run_case("Q6_K_T", rows, k, 1, acc) for rows, k in Q6_COLS_SHAPES for acc in (0, 1)}
 
 
-@pytest.mark.parametrize("mode", ["cols", "cols2"])
-def test_q6_gemv_cols_env(tmp_path, mode):
-    """LUCEBOX_Q6_GEMV=cols / cols2 (gemv_q6_cols_kernel<6, false / true>, in a child) against the float64 reference
-    and the default kernel."""
+def test_q6_gemv_cols_default_vs_xs(tmp_path):
+    """The default (cols, this process) and LUCEBOX_Q6_GEMV=xs (a child) against the float64 reference and each
+    other; the default is not the xs kernel (their K = 256 outputs differ in rounding)."""
     import os
-    import subprocess
 
     if os.environ.get("LUCEBOX_Q6_GEMV"):
         pytest.skip("LUCEBOX_Q6_GEMV is set here: the comparison needs the default kernel in this process")
-    dump = tmp_path / "q6_cols.npz"
-    env = dict(os.environ, LUCEBOX_Q6_GEMV=mode)
-    r = subprocess.run([sys.executable, __file__, "--dump-q6-cols", str(dump)], env=env, capture_output=True,
-                       text=True, timeout=1200)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    got = dict(np.load(dump))
+    got = q6_child("xs", "--dump-q6-cols", tmp_path / "q6_xs.npz")
     for rows, k in Q6_COLS_SHAPES:
         for acc in (0, 1):
             key = f"{rows}x{k}-{acc}"
-            err = float(got["err-" + key])
-            assert err < TOL, f"{mode} {key}: relative RMS {err:.2e}"
+            xs_err = float(got["err-" + key])
+            assert xs_err < TOL, f"xs {key}: relative RMS {xs_err:.2e}"
+            err = run_case("Q6_K_T", rows, k, 1, acc)  # the default, this process (same x, same weights)
+            assert err < TOL, f"cols {key}: relative RMS {err:.2e}"
             if acc == 0 and rows * k >= 16 * 256 * 3:
-                # the default kernel's error on the same case, in this process (same x, same weights)
-                base = run_case("Q6_K_T", rows, k, 1, acc)
-                assert err <= 1.1 * base + 1e-7, f"{mode} {key}: {err:.3e} against the default's {base:.3e}"
-    new = {k[len("y-"):]: v for k, v in got.items() if k.startswith("y-")}
-    old = q6_gemv_outputs()
-    for key, y in new.items():
+                assert err <= 1.1 * xs_err + 1e-7, f"cols {key}: {err:.3e} against xs's {xs_err:.3e}"
+    xs = {k[len("y-"):]: v for k, v in got.items() if k.startswith("y-")}
+    cols = q6_gemv_outputs()
+    for key, y in cols.items():
         assert np.isfinite(y).all(), key
-        assert rel_rms(y.astype(np.float64), old[key].astype(np.float64)) < 5e-4, key
+        assert rel_rms(y.astype(np.float64), xs[key].astype(np.float64)) < 5e-4, key
+    assert not np.array_equal(cols["1008x256"].view(np.uint32), xs["1008x256"].view(np.uint32)), "default is not cols"
 
 
 def q6_ab_bench(iters: int = 200, rounds: int = 3) -> str:
@@ -449,7 +447,7 @@ def q6_ab_bench(iters: int = 200, rounds: int = 3) -> str:
     import subprocess
 
     shapes = [("attn_qkv", 10240, 5120), ("ffn_down", 5120, 17408), ("lm_head", 248320, 5120)]
-    variants = [("shipped", ""), ("cols", "cols"), ("cols2", "cols2"), ("old", "old")]
+    variants = [("cols", ""), ("xs", "xs"), ("old", "old")]
     us: dict[tuple[str, str], list[float]] = {}
     for _ in range(rounds):
         for vname, val in variants:
@@ -465,13 +463,13 @@ def q6_ab_bench(iters: int = 200, rounds: int = 3) -> str:
                     raise RuntimeError(r.stdout[-2000:] + r.stderr[-2000:])
                 line = [ln for ln in r.stdout.splitlines() if ln.startswith("Q6_K_T ")][-1]
                 us.setdefault((name, vname), []).append(float(line.split(":")[1].split()[0]))
-    out = ["| Q6_K_T n = 1 | MB | " + " | ".join(f"{v} µs (TB/s)" for v, _ in variants) + " | cols / shipped | cols2 / shipped |",
-           "|---|---|" + "---|" * len(variants) + "---|---|"]
+    out = ["| Q6_K_T n = 1 | MB | " + " | ".join(f"{v} µs (TB/s)" for v, _ in variants) + " | cols / xs |",
+           "|---|---|" + "---|" * len(variants) + "---|"]
     for name, rows, k in shapes:
         mb = lib().fn.lb_quant_bytes(270, rows, k) / 1e6
         med = {v: float(np.median(us[(name, v)])) for v, _ in variants}
         cells = " | ".join(f"{med[v]:.2f} ({mb / med[v]:.2f})" for v, _ in variants)
-        out.append(f"| {name} {rows}×{k} | {mb:.1f} | {cells} | {med['cols'] / med['shipped']:.3f} | {med['cols2'] / med['shipped']:.3f} |")
+        out.append(f"| {name} {rows}×{k} | {mb:.1f} | {cells} | {med['cols'] / med['xs']:.3f} |")
     out.append("all runs (µs): " + "; ".join(f"{n}/{v}: " + ", ".join(f"{x:.2f}" for x in xs) for (n, v), xs in us.items()))
     return "\n".join(out)
 
@@ -516,15 +514,15 @@ def test_bandwidth_table():
 def _main(argv: list[str]) -> int:
     """Script mode: every case with a one-line verdict, then (with --bench) the bandwidth table;
     --bench-only skips the cases."""
-    if "--dump-q6-gemv" in argv:  # test_q6_gemv_old_env_same's child (under LUCEBOX_Q6_GEMV=old)
+    if "--dump-q6-gemv" in argv:  # test_q6_gemv_old_env_same's children (under LUCEBOX_Q6_GEMV=old, xs)
         np.savez(argv[argv.index("--dump-q6-gemv") + 1], **q6_gemv_outputs())
         return 0
-    if "--dump-q6-cols" in argv:  # test_q6_gemv_cols_env's child (under LUCEBOX_Q6_GEMV=cols or cols2)
+    if "--dump-q6-cols" in argv:  # test_q6_gemv_cols_default_vs_xs's child (under LUCEBOX_Q6_GEMV=xs)
         errs = {f"err-{k}": np.float64(v) for k, v in q6_cols_errors().items()}
         ys = {f"y-{k}": v for k, v in q6_gemv_outputs().items()}
         np.savez(argv[argv.index("--dump-q6-cols") + 1], **errs, **ys)
         return 0
-    if "--q6-ab" in argv:  # shipped vs LUCEBOX_Q6_GEMV=cols, cols2, old: Q6_K_T n = 1 at the 27B shapes (children)
+    if "--q6-ab" in argv:  # the default (cols) vs LUCEBOX_Q6_GEMV=xs, old: Q6_K_T n = 1 at the 27B shapes (children)
         rest = argv[argv.index("--q6-ab") + 1 :]
         print(q6_ab_bench(iters=int(rest[0]) if rest and rest[0].isdigit() else 200), flush=True)
         return 0

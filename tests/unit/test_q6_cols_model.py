@@ -1,5 +1,6 @@
 """n = 1 Q6_K_T, one mma column per (sub-block, lane) (cuda/common/qmm_gemv_rows.cuh: Q6Cols, q6c_xs_store,
-q6c_word, q6c_chunk, q6c_scale, gemv_q6_cols_kernel; LUCEBOX_Q6_GEMV=cols), modelled lane by lane on the CPU.
+q6c_word, q6c_chunk, q6c_scale, q6c_share, gemv_q6_cols_kernel: the default; also the Q6 part of gemv_q6q4_tile_kernel),
+modelled lane by lane on the CPU.
 
 The model builds random GGUF Q6_K blocks for one 16-row tile, lays them out as the Q6_K_T tile (q6t_offset), and runs
 one item the way the kernel does: each lane's eleven loads at the kernel's offsets, its A fragments by the kernel's
@@ -267,7 +268,16 @@ def test_source_formulas():
     assert "const uint8_t* const nl = nat + 8 * (16 * (g & 1) + 4 * (g >> 1) + t);" in rows
     assert "*reinterpret_cast<uint2*>(nat + 8 * (32 * h + lane)) = make_uint2(p02, p13);" in rows
     assert "lo02 = __byte_perm(wl, 0x64646464u, 0x4240);" in rows
-    # the switch: LUCEBOX_Q6_GEMV=cols selects it, the default stays the staged kernel
-    assert 'return std::strcmp(e, "cols") == 0 ? 1 : std::strcmp(e, "cols2") == 0 ? 2 : 0;' in rows
-    assert "if (const int cols = gemv_q6_cols_mode()) {" in qmm
-    assert "xs ? gemv_q6_tile_kernel<6, true> : gemv_q6_tile_kernel<6, false>" in qmm  # the default is unchanged
+    # the switch: cols is the default (unset or any other value), LUCEBOX_Q6_GEMV=xs / old the two earlier kernels
+    assert "if (!e) return Q6Gemv::cols;" in rows
+    assert 'if (std::strcmp(e, "xs") == 0) return Q6Gemv::xs;' in rows
+    assert 'if (std::strcmp(e, "old") == 0) return Q6Gemv::old;' in rows
+    assert "cols2\")" not in rows and "kSplit" not in rows  # removed (no gain measured)
+    assert "if (mode == Q6Gemv::cols) {" in qmm
+    assert "launch_pdl(gemv_q6_cols_kernel<6>," in qmm
+    assert "xs ? gemv_q6_tile_kernel<6, true> : gemv_q6_tile_kernel<6, false>" in qmm
+    # the pair's Q6 part follows the same switch and runs the same device function as gemv_q6_cols_kernel
+    assert "const bool cols = gemv_q6_mode() == Q6Gemv::cols;" in qmm
+    assert "cols ? gemv_q6q4_tile_kernel<kBlocks, true> : gemv_q6q4_tile_kernel<kBlocks, false>" in qmm
+    assert rows.count("q6c_share(a") == 2  # gemv_q6_cols_kernel and gemv_q6q4_tile_kernel<kB, true>
+    assert "q6c_share(a6, it0, (int)(min(end0, pc.n6) - it0), buf, zero_kb, lane, warp);" in rows
