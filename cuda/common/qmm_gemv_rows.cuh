@@ -217,17 +217,23 @@ __device__ __forceinline__ void q6_cp_async16(uint32_t dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
 
-// Lane `lane`'s float4 lane and 32 + lane of the item's x (its own cp.async copies at xf, xf + 512) -> the warp's
-// buffer xs, converted as qmm_item does (cvt.rn of (x0, x2) and (x1, x3)).
-__device__ __forceinline__ void q6_xs_store(uint8_t* xs, uint32_t xf, int lane) {
-    asm volatile("cp.async.wait_all;" ::: "memory");  // this lane's copies (only it reads them back)
-    float4 xv[2];
+// Waits for this lane's own cp.async copies of the item's x (float4 lane and 32 + lane, at xf and xf + 512: only this
+// lane reads them back, so no barrier) and reads them into xv.
+__device__ __forceinline__ void q6_xs_wait_read(uint32_t xf, float4 (&xv)[2]) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
 #pragma unroll
     for (int h = 0; h < 2; ++h)
         asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
                      : "=f"(xv[h].x), "=f"(xv[h].y), "=f"(xv[h].z), "=f"(xv[h].w)
                      : "r"(xf + 512 * h)
                      : "memory");
+}
+
+// Lane `lane`'s float4 lane and 32 + lane of the item's x (its own cp.async copies at xf, xf + 512) -> the warp's
+// buffer xs, converted as qmm_item does (cvt.rn of (x0, x2) and (x1, x3)).
+__device__ __forceinline__ void q6_xs_store(uint8_t* xs, uint32_t xf, int lane) {
+    float4 xv[2];
+    q6_xs_wait_read(xf, xv);
     __syncwarp();  // every lane's reads of the previous item's xs are done
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -411,14 +417,8 @@ struct Q6Cols {
 // B buffer bs (the p = 02 / p = 13 pairs, cvt.rn as qmm_item), at Q6Cols::store_off(lane) (so = that), and the same
 // pairs in natural order at nat + 8·(32h + lane) (one STS.64; a half-warp's 128 contiguous bytes).
 __device__ __forceinline__ void q6c_xs_store(uint8_t* bs, uint8_t* nat, uint32_t xf, int so, int lane) {
-    asm volatile("cp.async.wait_all;" ::: "memory");
     float4 xv[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                     : "=f"(xv[h].x), "=f"(xv[h].y), "=f"(xv[h].z), "=f"(xv[h].w)
-                     : "r"(xf + 512 * h)
-                     : "memory");
+    q6_xs_wait_read(xf, xv);
     __syncwarp();  // every lane's reads of the previous item's B are done
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
