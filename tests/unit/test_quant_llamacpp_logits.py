@@ -24,9 +24,13 @@ token 3, element 47, scales to exactly -42.5 in llama.cpp (rounds to -42) and to
 (-43), a 2e-7 float difference upstream; that one int8 step moves token 3's q and k, hence every
 later token that attends to it, by up to 1e-2 (tokens that attend elsewhere, and all tokens before
 3, agree to 3e-7). The tiny random model amplifies activation noise (the rounding alone moves its
-logits by 20%), so one tie is visible. Hence the bounds: F32 1e-4; quantized files: activation
-rounding must explain at least 90% of the mean gap, and what remains is held under 2.5e-2 (about
-twice one tie). The default F16 KV cache adds 7e-4 on its own (F32 file), so the comparison asks
+logits by 20%), so one tie is visible. How many ties there are depends on which ggml-cpu kernels
+the machine gets: on an AMD EPYC without AVX2 (session 11, llama-cpp-python 0.3.36 built natively)
+three positions are hit, rest max 1.0e-2 and mean 6.7e-3 against a gap mean of 5.5e-2 (88%
+explained), while positions 0-2 still agree to 3e-7. Hence the bounds: F32 1e-4; quantized files:
+activation rounding must explain at least 80% of the mean gap, some position must agree to float
+rounding (< 1e-5: the rounding emulation is exact where no tie has propagated), and what remains
+is held under 2.5e-2 (about twice one tie). The default F16 KV cache adds 7e-4 on its own (F32 file), so the comparison asks
 llama.cpp for an F32 cache instead.
 """
 
@@ -230,9 +234,12 @@ def test_quantized_logits_match(files, key):
     assert types["token_embd.weight"] == ("Q6_K" if k_quants else "Q8_0")
     gap, rest = _rel_rms(plain, theirs), _rel_rms(rounded, theirs)
     # Without the activation rounding the engines differ by what that rounding moves (measured 0.20
-    # max), and the rounding is the cause: it accounts for at least 90% of the gap.
+    # max), and the rounding is the cause: it accounts for at least 80% of the gap (90% on a CPU whose
+    # ggml kernels hit one tie, 88% on one that hits more; see the docstring), and where no tie has
+    # reached a position yet the two agree to float rounding.
     assert gap.max() < 0.35, gap
-    assert rest.mean() < 0.1 * gap.mean(), (rest, gap)
+    assert rest.mean() < 0.2 * gap.mean(), (rest, gap)
+    assert rest.min() < 1e-5, rest
     # What remains is float rounding (3e-7) plus at most a rounding tie or two (1e-2 each, see above).
     assert rest.max() < 2.5e-2, rest
     np.testing.assert_array_equal(rounded.argmax(axis=-1), theirs.argmax(axis=-1))
