@@ -340,13 +340,6 @@ LB_API uint64_t lb_gdn_step_scratch_bytes(int t, int hk, int hv);
 LB_API int lb_gdn_decode_step(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
                               const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state,
                               void* state, void* y, void* scratch, int t, int hk, int hv, float eps, void* stream);
-/* lb_gdn_decode_step, and where the fused kernel runs it also prefetches [pf, pf + pf_bytes) into L2 (the next
- * GEMV's weights: the out-projection's, read right after; docs/perf.md "L2 prefetch of the out-projection").
- * pf may be NULL (pf_bytes ignored); pf 16-byte aligned. */
-LB_API int lb_gdn_decode_step_pf(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
-                                 const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state,
-                                 void* state, void* y, void* scratch, int t, int hk, int hv, float eps,
-                                 const void* pf, uint64_t pf_bytes, void* stream);
 /* 1 where lb_gdn_decode_step(t, hk, hv) runs one fused kernel on the current device (t == 1, Hv / Hk <= 8,
  * sm_90 clusters, LUCEBOX_GDN_DECODE != "split"), 0 where it runs conv_prep + delta + out_norm. */
 LB_API int lb_gdn_decode_path(int t, int hk, int hv);
@@ -431,13 +424,6 @@ LB_API int lb_attn_decode_fused_at(const void* qg, const void* k, const void* v,
                                    int kv_dtype, void* out, void* partials, int max_splits, void* tickets,
                                    int n_heads, int n_kv_heads, int max_ctx, int rope_dims, float eps, float theta,
                                    void* stream);
-/* lb_attn_decode_fused_at that also prefetches [pf, pf + pf_bytes) into L2 (the next GEMV's weights: the
- * out-projection's). pf may be NULL; pf 16-byte aligned. */
-LB_API int lb_attn_decode_fused_at_pf(const void* qg, const void* k, const void* v, const void* q_norm,
-                                      const void* k_norm, const void* n_past_dev, void* qf, void* k_cache,
-                                      void* v_cache, int kv_dtype, void* out, void* partials, int max_splits,
-                                      void* tickets, int n_heads, int n_kv_heads, int max_ctx, int rope_dims,
-                                      float eps, float theta, const void* pf, uint64_t pf_bytes, void* stream);
 
 /* ================================================================================================
  * Megakernel (cuda/megakernel/*.cu): persistent 0.8B decode kernel behind an opaque handle.

@@ -33,7 +33,6 @@
 #include "attn.cuh"
 #include "attn_ops.h"
 #include "lb_check.cuh"
-#include "lb_l2_prefetch.cuh"
 #include "lb_pdl.cuh"
 #include "lucebox.h"
 
@@ -60,8 +59,6 @@ struct Fused {
     float* part_acc;      // [n_splits, nh, 256]
     float* part_ml;       // [n_splits, nh, 2]
     unsigned* tickets;    // [nkv], 0 between launches
-    const void* pf;       // the next GEMV's weights (the out-projection) to prefetch into L2, or nullptr
-    unsigned long long pf_bytes;
     int pos0, nh, nkv, group, max_ctx, n_splits, rope_dims;
     float eps, theta;
 };
@@ -103,11 +100,6 @@ __global__ void __launch_bounds__(THREADS) fused_kernel(const Fused P, const int
     const int kv_rows = pos + 1;
     const int split_len = split_len_of(kv_rows, P.n_splits);
     const int n_active = (kv_rows + split_len - 1) / split_len;
-    // The out-projection's weights into L2 while this latency-bound kernel leaves HBM idle (lb_l2_prefetch.cuh),
-    // spread over every block, the empty splits' too (at short contexts most blocks have nothing else to do).
-    if (P.pf_bytes)
-        lb::l2_prefetch_share(P.pf, P.pf_bytes, ((uint64_t)split * gridDim.x + g) * THREADS + tid,
-                              (uint64_t)gridDim.x * gridDim.y * THREADS);
     if (split >= n_active) return;  // past the last key (block-uniform): nothing to read or write
     const int kb0 = split * split_len, kb1 = min(kb0 + split_len, kv_rows);
     const bool last = split == n_active - 1;  // holds row pos: makes the new K/V row
@@ -351,8 +343,7 @@ cudaError_t three_kernels(const Args& A, int kv_dtype, int pos0, const int32_t* 
 }
 
 // One decode step at row pos0 (or *pos_dev): fused, or the three kernels under LUCEBOX_ATTN_DECODE=split.
-cudaError_t decode_fused(const Args& A, int kv_dtype, int pos0, const int32_t* pos_dev, cudaStream_t s,
-                         const void* pf = nullptr, uint64_t pf_bytes = 0) {
+cudaError_t decode_fused(const Args& A, int kv_dtype, int pos0, const int32_t* pos_dev, cudaStream_t s) {
     if (decode_split()) return three_kernels(A, kv_dtype, pos0, pos_dev, s);
     // attn::run's decode split count: about two blocks per SM, at most max_splits; with the position on the
     // device it can not follow the context (fixed for a graph), on the host never a split shorter than a tile
@@ -386,8 +377,6 @@ cudaError_t decode_fused(const Args& A, int kv_dtype, int pos0, const int32_t* p
     P.rope_dims = A.rope_dims;
     P.eps = A.eps;
     P.theta = A.theta;
-    P.pf = pf;
-    P.pf_bytes = pf ? pf_bytes : 0;
     if (can_split) {
         P.part_acc = static_cast<float*>(A.partials);
         P.part_ml = P.part_acc + (size_t)splits * A.nh * HD;
@@ -462,25 +451,5 @@ extern "C" LB_API int lb_attn_decode_fused_at(const void* qg, const void* k, con
                                               max_splits, tickets, n_heads, n_kv_heads, max_ctx, rope_dims, eps, theta),
                                    kv_dtype, 0, static_cast<const int32_t*>(n_past_dev),
                                    static_cast<cudaStream_t>(stream)));
-    return LB_OK;
-}
-
-// lb_attn_decode_fused_at that also prefetches [pf, pf + pf_bytes) into L2 (the out-projection's weights, read right
-// after this kernel; lb_l2_prefetch.cuh). pf 16-byte aligned, or NULL.
-extern "C" LB_API int lb_attn_decode_fused_at_pf(const void* qg, const void* k, const void* v, const void* q_norm,
-                                                 const void* k_norm, const void* n_past_dev, void* qf, void* k_cache,
-                                                 void* v_cache, int kv_dtype, void* out, void* partials,
-                                                 int max_splits, void* tickets, int n_heads, int n_kv_heads,
-                                                 int max_ctx, int rope_dims, float eps, float theta, const void* pf,
-                                                 uint64_t pf_bytes, void* stream) {
-    if (int st = attn::check(qg, k, v, q_norm, k_norm, qf, k_cache, v_cache, kv_dtype, out, partials, max_splits,
-                             tickets, n_heads, n_kv_heads, max_ctx, rope_dims))
-        return st;
-    LB_CHECK_ARG(n_past_dev, "null n_past_dev");
-    LB_CHECK_ARG(!pf || ((uintptr_t)pf & 15) == 0, "the prefetch range must be 16-byte aligned");
-    LB_CUDA_TRY(attn::decode_fused(attn::args(qg, k, v, q_norm, k_norm, qf, k_cache, v_cache, out, partials,
-                                              max_splits, tickets, n_heads, n_kv_heads, max_ctx, rope_dims, eps, theta),
-                                   kv_dtype, 0, static_cast<const int32_t*>(n_past_dev),
-                                   static_cast<cudaStream_t>(stream), pf, pf_bytes));
     return LB_OK;
 }

@@ -63,7 +63,6 @@
 #include "gdn.cuh"
 #include "gdn_ops.h"
 #include "lb_check.cuh"
-#include "lb_l2_prefetch.cuh"
 #include "lb_pdl.cuh"
 #include "lucebox.h"
 
@@ -109,8 +108,7 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
                         const float* __restrict__ z, const float* __restrict__ conv_w,
                         const float* __restrict__ ssm_a, const float* __restrict__ dt_bias,
                         const float* __restrict__ norm_w, float* __restrict__ conv_state,
-                        float* __restrict__ state, float* __restrict__ y, int hk, int hv, float eps,
-                        const void* __restrict__ pf, unsigned long long pf_bytes) {
+                        float* __restrict__ state, float* __restrict__ y, int hk, int hv, float eps) {
 #if LB_HAS_SM90
     constexpr int QK_CHUNKS = 2 * D / 32;       // q / k channels in warp-sized chunks: 4 q, 4 k
     constexpr int QK_PER_WARP = QK_CHUNKS / 2;  // chunks a warp takes at most (2 warps, r = 1)
@@ -199,11 +197,6 @@ __global__ void __launch_bounds__(FUSED_MAX_THREADS)
     if (ab_m >= 0 && ab_m < r) av = a[kh + ab_m * hk], bv = b[kh + ab_m * hk];
     const float4 zz = y_role ? *reinterpret_cast<const float4*>(z + (size_t)yp * D + 4 * lane)  // z: ld Hv·128
                              : make_float4(0.f, 0.f, 0.f, 0.f);
-    // The next kernel's weights (the out-projection) into L2 while this latency-bound kernel leaves HBM idle;
-    // issued after every load above so that those are queued first (lb_l2_prefetch.cuh).
-    if (pf_bytes)
-        lb::l2_prefetch_share(pf, pf_bytes, ((uint64_t)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + tid,
-                              (uint64_t)gridDim.x * gridDim.y * blockDim.x);
 
     // The conv, conv_prep_kernel's expression and order: ((x0 w0 + x1 w1) + x2 w2) + x3 w3
 #pragma unroll
@@ -396,7 +389,7 @@ bool decode_fused_ok(int t, int hk, int hv) {
 
 int decode_fused(const float* pre, const float* a, const float* b, const float* z, const float* conv_w,
                  const float* ssm_a, const float* dt_bias, const float* norm_w, float* conv_state, float* state,
-                 float* y, int hk, int hv, float eps, const void* pf, uint64_t pf_bytes, cudaStream_t s) {
+                 float* y, int hk, int hv, float eps, cudaStream_t s) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(NSLICE, hk);
     cfg.blockDim = dim3(DELTA_THREADS * (hv / hk));
@@ -413,10 +406,10 @@ int decode_fused(const float* pre, const float* a, const float* b, const float* 
     cfg.numAttrs = lb::pdl_enabled() ? 2 : 1;
     // the two forms share arguments, shape and launch; one build holds both (device_ok checks one image)
     void (*kernel)(const float*, const float*, const float*, const float*, const float*, const float*, const float*,
-                   const float*, float*, float*, float*, int, int, float, const void*, unsigned long long) =
+                   const float*, float*, float*, float*, int, int, float) =
         variant() == kPullV ? decode_fused_kernel<false> : decode_fused_kernel<true>;
     return (int)cudaLaunchKernelEx(&cfg, kernel, pre, a, b, z, conv_w, ssm_a, dt_bias, norm_w, conv_state, state, y,
-                                   hk, hv, eps, pf, (unsigned long long)(pf ? pf_bytes : 0));
+                                   hk, hv, eps);
 }
 
 }  // namespace gdn

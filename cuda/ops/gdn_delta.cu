@@ -377,22 +377,20 @@ extern "C" LB_API uint64_t lb_gdn_step_scratch_bytes(int t, int hk, int hv) {
     return (uint64_t)t * (2 * hk * gdn::D + 2 * hv * gdn::D + 2 * hv) * 4;
 }
 
-extern "C" LB_API int lb_gdn_decode_step_pf(const void* pre, const void* a, const void* b, const void* z,
-                                            const void* conv_w, const void* ssm_a, const void* dt_bias,
-                                            const void* norm_w, void* conv_state, void* state, void* y, void* scratch,
-                                            int t, int hk, int hv, float eps, const void* pf, uint64_t pf_bytes,
-                                            void* stream) {
+extern "C" LB_API int lb_gdn_decode_step(const void* pre, const void* a, const void* b, const void* z,
+                                         const void* conv_w, const void* ssm_a, const void* dt_bias,
+                                         const void* norm_w, void* conv_state, void* state, void* y, void* scratch,
+                                         int t, int hk, int hv, float eps, void* stream) {
     LB_CHECK_ARG(pre && a && b && z && conv_w && ssm_a && dt_bias && norm_w && conv_state && state && y && scratch,
                  "null pointer");
     LB_CHECK_ARG(heads_ok(hk, hv) && t >= 1, "need t >= 1, 1 <= hk, hv a multiple of hk");
-    LB_CHECK_ARG(!pf || ((uintptr_t)pf & 15) == 0, "the prefetch range must be 16-byte aligned");
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     // t = 1: one kernel for the layer (gdn_decode_fused.cu; LUCEBOX_GDN_DECODE=split keeps the three below)
     if (gdn::decode_fused_ok(t, hk, hv)) {
         LB_CUDA_TRY((cudaError_t)gdn::decode_fused(F<float>(pre), F<float>(a), F<float>(b), F<float>(z),
                                                    F<float>(conv_w), F<float>(ssm_a), F<float>(dt_bias),
                                                    F<float>(norm_w), F<float>(conv_state), F<float>(state),
-                                                   F<float>(y), hk, hv, eps, pf, pf_bytes, s));
+                                                   F<float>(y), hk, hv, eps, s));
         return LB_OK;
     }
     const int D = gdn::D, C = (2 * hk + hv) * D;
@@ -409,14 +407,6 @@ extern "C" LB_API int lb_gdn_decode_step_pf(const void* pre, const void* a, cons
                                         true, s));
     LB_CUDA_TRY((cudaError_t)gdn::out_norm(o, F<float>(z), hv * D, F<float>(norm_w), F<float>(y), t, hv, eps, s));
     return LB_OK;
-}
-
-extern "C" LB_API int lb_gdn_decode_step(const void* pre, const void* a, const void* b, const void* z,
-                                         const void* conv_w, const void* ssm_a, const void* dt_bias,
-                                         const void* norm_w, void* conv_state, void* state, void* y, void* scratch,
-                                         int t, int hk, int hv, float eps, void* stream) {
-    return lb_gdn_decode_step_pf(pre, a, b, z, conv_w, ssm_a, dt_bias, norm_w, conv_state, state, y, scratch, t, hk,
-                                 hv, eps, nullptr, 0, stream);
 }
 
 extern "C" LB_API int lb_gdn_tree_verify(const void* pre, const void* a, const void* b, const void* z,

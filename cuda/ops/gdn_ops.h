@@ -40,13 +40,12 @@ int delta(const float* q, const float* k, const float* v, const float* g, const 
 
 // One decode token of a whole layer in one kernel (gdn_decode_fused.cu): conv + SiLU + norms, the delta
 // rule and the gated output norm, conv_state and state advanced in place, y [Hv·128]; pre [C], a, b [Hv],
-// z [Hv·128]; pf / pf_bytes: a weight range (the next GEMV's) the kernel prefetches into L2, or nullptr / 0.
-// decode_fused_ok: whether it applies (t == 1, Hv / Hk <= 8, a cluster-capable device and build,
-// LUCEBOX_GDN_DECODE != "split"); lb_gdn_decode_step runs conv_prep + delta + out_norm otherwise.
+// z [Hv·128]. decode_fused_ok: whether it applies (t == 1, Hv / Hk <= 8, a cluster-capable device and
+// build, LUCEBOX_GDN_DECODE != "split"); lb_gdn_decode_step runs conv_prep + delta + out_norm otherwise.
 bool decode_fused_ok(int t, int hk, int hv);
 int decode_fused(const float* pre, const float* a, const float* b, const float* z, const float* conv_w,
                  const float* ssm_a, const float* dt_bias, const float* norm_w, float* conv_state, float* state,
-                 float* y, int hk, int hv, float eps, const void* pf, uint64_t pf_bytes, cudaStream_t s);
+                 float* y, int hk, int hv, float eps, cudaStream_t s);
 
 // Slots whose state a later slot branches from (some child c != i + 1): save_idx[i] = compact index or
 // -1. Returns the count. The device kernel applies the same rule; this host twin sizes `saves`.

@@ -193,8 +193,6 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_gdn_commit": (c_int, [ctypes.c_void_p] * 5 + [c_int] + [ctypes.c_void_p] * 3 + [c_int] * 3 + [ctypes.c_void_p]),
     "lb_gdn_step_scratch_bytes": (c_uint64, [c_int, c_int, c_int]),
     "lb_gdn_decode_step": (c_int, [ctypes.c_void_p] * 12 + [c_int] * 3 + [ctypes.c_float, ctypes.c_void_p]),
-    "lb_gdn_decode_step_pf": (c_int, [ctypes.c_void_p] * 12 + [c_int] * 3
-                              + [ctypes.c_float, ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     "lb_gdn_decode_path": (c_int, [c_int] * 3),
     "lb_gdn_tree_verify": (c_int, [ctypes.c_void_p] * 18 + [c_int, ctypes.c_void_p] + [c_int] * 3
                            + [ctypes.c_float, ctypes.c_void_p]),
@@ -226,10 +224,6 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_attn_decode_fused_at": (c_int, [ctypes.c_void_p] * 9 + [c_int, ctypes.c_void_p, ctypes.c_void_p, c_int,
                                                                 ctypes.c_void_p] + [c_int] * 4
                                 + [ctypes.c_float, ctypes.c_float, ctypes.c_void_p]),
-    # the same with the next GEMV's weight range to prefetch into L2 (pf, pf_bytes) before the stream
-    "lb_attn_decode_fused_at_pf": (c_int, [ctypes.c_void_p] * 9 + [c_int, ctypes.c_void_p, ctypes.c_void_p, c_int,
-                                                                   ctypes.c_void_p] + [c_int] * 4
-                                   + [ctypes.c_float, ctypes.c_float, ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
     # megakernel
     "lb_mk_create": (c_int, [POINTER(MkConfig), POINTER(ctypes.c_void_p)]),
     "lb_mk_free": (c_int, [ctypes.c_void_p]),

@@ -231,7 +231,7 @@ class DFlashTargetEngine:
             assert ptr == arena.base + e.offset
             self.lib.call("lb_dev_h2d", ptr, data.ctypes.data, data.nbytes)
             if e.qtype:
-                mats[e.name] = Mat(ptr, e.qtype, e.shape[0], e.shape[1], e.nbytes)
+                mats[e.name] = Mat(ptr, e.qtype, e.shape[0], e.shape[1])
             else:
                 vecs[e.name] = ptr
         self.load_s = time.perf_counter() - t0

@@ -47,7 +47,6 @@ every call of the same (mode, t).
 from __future__ import annotations
 
 import ctypes
-import os
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -71,7 +70,6 @@ class Mat:
     qtype: int
     rows: int
     k: int
-    nbytes: int = 0  # bytes in the device layout (0: unknown; then nothing prefetches it)
 
 
 @dataclass
@@ -246,11 +244,6 @@ class Layers:
         # a DeltaNet layer's one-row qkv (Q6_K_T) and z/beta/alpha (Q4_K_T) products as one lb_gemv_q_pair call where
         # the library has it (one launch unless LUCEBOX_QKV_ZBA=0, which the library reads: two launches then)
         self.gemv_pair = fn is not None and hasattr(fn, "lb_gemv_q_pair")
-        # a decode step's DeltaNet / attention kernel prefetches the out-projection's weights into L2 while it
-        # leaves HBM idle (cuda/common/lb_l2_prefetch.cuh), where the library has the _pf entry points and
-        # LUCEBOX_DECODE_L2PF=1 (read here, once per engine)
-        self.l2_prefetch = (fn is not None and hasattr(fn, "lb_gdn_decode_step_pf")
-                            and os.environ.get("LUCEBOX_DECODE_L2PF", "0") == "1")
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
@@ -488,10 +481,6 @@ class Layers:
             self._call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,
                           L.t_v, L.t_g, L.t_beta, b.tree_o, b.saves, p.max_saves, b.act, p.t, cfg.hk, cfg.hv,
                           cfg.eps, self.stream)
-        elif p.mode == "step" and self.l2_prefetch:
-            w_out = self.m[pre + "ssm_out.weight"]
-            self._call("lb_gdn_decode_step_pf", qkv, a, beta_in, z, *w, L.conv, L.state, b.act, b.gdn_scratch, p.t,
-                       cfg.hk, cfg.hv, cfg.eps, w_out.ptr, w_out.nbytes, self.stream)
         else:
             fn = "lb_gdn_decode_step" if p.mode == "step" else "lb_gdn_prefill"
             self._call(fn, qkv, a, beta_in, z, *w, L.conv, L.state, b.act, b.gdn_scratch, p.t, cfg.hk, cfg.hv,
@@ -507,13 +496,9 @@ class Layers:
         if p.mode == "step" and self.fused_decode:
             # one kernel for what prep + decode launch as three: norms, RoPE, the cache row, split-KV attention, merge
             fn, pos = ("lb_attn_decode_fused_at", self.state) if p.dev else ("lb_attn_decode_fused", p.pos0)
-            pf: tuple = ()
-            if p.dev and self.l2_prefetch:  # the graph form only (the decode step that benches and runs use)
-                w_out = self.m[pre + "attn_output.weight"]
-                fn, pf = "lb_attn_decode_fused_at_pf", (w_out.ptr, w_out.nbytes)
             self._call(fn, qg, k, v, self.v[pre + "attn_q_norm.weight"], self.v[pre + "attn_k_norm.weight"], pos, b.qf,
                        L.kc, L.vc, KV_F16, b.act, b.partials, ATTN_SPLITS_ONE, b.tickets, nh, nkv, self.max_ctx,
-                       cfg.rope_dims, cfg.eps, cfg.rope_theta, *pf, self.stream)
+                       cfg.rope_dims, cfg.eps, cfg.rope_theta, self.stream)
             self.matmul(pre + "attn_output.weight", b.act, b.x, p.t)
             return
         # tree slots sit at positions n_past + depth but in cache rows n_past + slot
