@@ -19,22 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+# the Q6_K_T tile layout (quant_blocks.cuh q6t_offset and its region starts): one model, shared with the small-N map
+from test_qmm_smalln_v6_map import KD, KQH, KSC, q6t_offset
+
 ROOT = Path(__file__).resolve().parents[2]
 ROWS_SRC = ROOT / "cuda/common/qmm_gemv_rows.cuh"
 QMM_SRC = ROOT / "cuda/common/qmm.cuh"
 
-KQL, KQH, KSC, KD = 0, 2048, 3072, 3328
-
-
-def q6t_offset(r16: int, o: int) -> int:  # quant_blocks.cuh q6t_offset
-    h, g = r16 >> 3, r16 & 7
-    if o < 128:
-        return KQL + 512 * (2 * (o >> 6) + h) + 64 * g + (o & 63)
-    if o < 192:
-        return KQH + 256 * (2 * ((o - 128) >> 5) + h) + 32 * g + ((o - 128) & 31)
-    if o < 208:
-        return KSC + 128 * h + 16 * g + (o - 192)
-    return KD + 4 * g + 2 * h + (o - 208)
 
 
 def entry(c: int, u: int, t: int, e: int) -> int:  # Q6Cols::entry
