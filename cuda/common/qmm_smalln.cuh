@@ -603,10 +603,6 @@ int smalln_config(QmmConfig& out) {
     return LB_OK;
 }
 
-// Whether the staged kernel may carry the PDL attribute when lb_pdl's switch is on: LUCEBOX_SMALLN_PDL=1 (read once
-// per process, gemm_q_smalln.cu); default no (the classic launch, see qmm_smalln_launch).
-bool smalln_pdl_wanted();
-
 // grid = every block that fits at once, capped by the item count; accumulate = 0 zeroes y first (the
 // kernel only adds). n must be ≤ 8·NT (≤ 64).
 // out: PlainOut, or lb_gemm_q_smalln_seg's SegOut.
@@ -625,17 +621,11 @@ int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int 
     } else {
         if (!accumulate) LB_CUDA_TRY(qmm_clear(a, stream));
     }
-    // The classic launch even when PDL is turned on (lb_set_pdl), unless LUCEBOX_SMALLN_PDL=1: launched with the
-    // attribute in session 4, the 27B engine's verify gave wrong logits on the H200 while the same calls in
-    // isolation and the register kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect; session
-    // 9 later showed most such "errors" to be the engine's run-to-run noise). Classic: its pdl_wait/pdl_trigger then
-    // do nothing.
+    // The classic launch even when PDL is turned on (lb_set_pdl): launched with the attribute, the 27B
+    // engine's verify gave wrong logits on the H200 while the same calls in isolation and the register
+    // kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect). Its pdl_wait/pdl_trigger
+    // then do nothing.
     constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
-    if (smalln_pdl_wanted()) {
-        LB_CUDA_TRY(launch_pdl(qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out>, dim3((unsigned)grid),
-                               dim3(W * 32), smem, stream, a, out));
-        return LB_OK;
-    }
     qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out><<<(unsigned)grid, W * 32, smem, stream>>>(a, out);
     LB_LAUNCH_TRY();
     return LB_OK;

@@ -53,22 +53,6 @@ int initial_select() {
 }
 std::atomic<int> g_select{initial_select()};
 
-}  // namespace
-
-namespace lb {
-namespace q {
-bool smalln_pdl_wanted() {
-    static const bool on = [] {
-        const char* e = std::getenv("LUCEBOX_SMALLN_PDL");
-        return e && e[0] == '1' && e[1] == '\0';
-    }();
-    return on;
-}
-}  // namespace q
-}  // namespace lb
-
-namespace {
-
 // The register kernel (qmm.cuh) for every n.
 template <int QT>
 int register_dispatch(const void* w, int64_t n_rows, int k, const float* x, int n, float* y, int accumulate,

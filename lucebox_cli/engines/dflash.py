@@ -90,13 +90,6 @@ def step_pdl_default(env: Optional[dict] = None) -> bool:
     return v in ("step", "1")
 
 
-def verify_pdl_default(env: Optional[dict] = None) -> bool:
-    """Whether the verify graphs are captured with programmatic dependent launch: LUCEBOX_VERIFY_PDL=1 (default no:
-    measured 3% slower in session 9, when the small-N kernels still launched classic; LUCEBOX_SMALLN_PDL=1, read by
-    the C library, lets them carry the attribute too)."""
-    return (os.environ if env is None else env).get("LUCEBOX_VERIFY_PDL", "0") == "1"
-
-
 def attn_decode_path(fused: bool, env: Optional[dict] = None) -> str:
     """How a decode step's attention runs, for the bench rows: 'fused' (lb_attn_decode_fused: one kernel),
     'split' (the same call under LUCEBOX_ATTN_DECODE=split, which the C library reads: prep, attention and
@@ -202,7 +195,6 @@ class DFlashTargetEngine:
         self._emb_dev: Optional[Mat] = None
         self._use_graphs, self._graph_ready, self._card = False, False, card
         self.step_pdl = step_pdl_default()  # read before the first capture (the step graph's)
-        self.verify_pdl = verify_pdl_default()
         try:
             mats, vecs = self._upload(entries)
             self._bufs = self._carve(mats)
@@ -219,7 +211,6 @@ class DFlashTargetEngine:
                      "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
                      # the step graph asks for PDL (the library applies it on sm_90 and newer only)
                      "step_pdl": self.step_pdl and self.use_graphs,
-                     "verify_pdl": self.verify_pdl and self.use_graphs,
                      "prefill_rows": self.prefill_rows,
                      # in every bench row: a run says how it was made
                      "attn_decode": attn_decode_path(self._layers.fused_decode),
@@ -535,7 +526,7 @@ class DFlashTargetEngine:
             L.issue_graph_pass(Pass("tree", n, 0, max(self.budget, 1), dev=True), self.tap_layers)
             L.issue_head(0, n)
 
-        return self._graph(("tree", n), issue, pdl=self.verify_pdl)
+        return self._graph(("tree", n), issue)
 
     def _event_pool(self, n: int) -> list[int]:
         while len(self._events) < n:

@@ -258,23 +258,3 @@ def test_step_graph_is_captured_with_pdl(gguf, monkeypatch, env, want):
     assert (lib.graph_pdl[step], lib.graph_pdl[tree]) == (want, 0)
     assert eng.info["step_pdl"] == bool(want)
     eng.close()
-
-
-@pytest.mark.parametrize("env,want", [(None, 0), ("0", 0), ("1", 1)])
-def test_verify_graph_pdl_knob(gguf, monkeypatch, env, want):
-    """LUCEBOX_VERIFY_PDL=1 captures the verify graphs with the PDL switch on too (default: off), the switch back
-    where it was after the capture."""
-    monkeypatch.delenv("LUCEBOX_PDL", raising=False)
-    if env is None:
-        monkeypatch.delenv("LUCEBOX_VERIFY_PDL", raising=False)
-    else:
-        monkeypatch.setenv("LUCEBOX_VERIFY_PDL", env)
-    eng, lib = engine(gguf, taps=())
-    tok = int(np.argmax(eng.prefill(np.arange(5))))
-    eng.step_argmax(tok)
-    eng.verify(branched_tree(8, 9))
-    assert lib.pdl == 0
-    step, tree = [eng._graphs[k] for k in sorted(eng._graphs, key=lambda k: k[0] != "step")]
-    assert (lib.graph_pdl[step], lib.graph_pdl[tree]) == (1, want)
-    assert eng.info["verify_pdl"] == bool(want)
-    eng.close()
