@@ -623,8 +623,11 @@ int qmm_smalln_launch(const void* w, int64_t n_rows, int k, const float* x, int 
     }
     // The classic launch even when PDL is turned on (lb_set_pdl): launched with the attribute, the 27B
     // engine's verify gave wrong logits on the H200 while the same calls in isolation and the register
-    // kernel under PDL were right (cause not found; lb_pdl.cuh has the suspect). Its pdl_wait/pdl_trigger
-    // then do nothing.
+    // kernel under PDL were right (session 4; again in session 12: NaN from poisoned scratch in the engine's
+    // verify and prefill tests, docs/perf.md "The verify under PDL"). The likely cause: XStager::stage reads x
+    // with __ldg (the non-coherent read-only path), which is only sound while x is read-only for the kernel's
+    // whole lifetime, and under PDL that lifetime begins before the predecessor writes x. Not fixed, because
+    // the verify under PDL measured slower anyway. Its pdl_wait/pdl_trigger then do nothing.
     constexpr size_t smem = smalln_dynamic_smem(NT) ? smalln_smem_bytes(NT) : 0;
     qmm_smalln_kernel<QT, NT, MT, W, kMinBlocks, kSplit, Out><<<(unsigned)grid, W * 32, smem, stream>>>(a, out);
     LB_LAUNCH_TRY();
