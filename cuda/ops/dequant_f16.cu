@@ -14,6 +14,10 @@
 // so that a lane has that many independent loads in flight. A lane's 8 weights sit in 8 contiguous quant bytes
 // (and 8 contiguous Q5_K / Q6_K high-bit bytes) for every type: 8-byte loads; lanes that share bytes (the low
 // and high nibbles of Q4_K / Q5_K) read them in the same instruction, so HBM sees each byte once.
+//
+// LUCEBOX_DEQUANT=<name> picks a variant of this kernel (the table below: faster integer conversion, more bytes in
+// flight, other store policies, a persistent grid, a cp.async ring for Q4_K), each with the same output bit for bit;
+// unset, the kernel described here ("base"). docs/perf.md "27B prefill: dequantization variants".
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -22,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "lb_async.cuh"
 #include "lb_check.cuh"
 #include "quant_blocks.cuh"
 
@@ -98,11 +103,15 @@ __device__ __forceinline__ Raw load_raw(const uint8_t* __restrict__ w, int64_t n
 //   kMinCtas  __launch_bounds__'s minimum resident CTAs per SM: 6 caps Q4_K at 40 registers (48 warps
 //             per SM instead of the default's 40 for Q4_K_T's tile order at 48 registers), Q5_K / Q6_K at 5
 //             (min_ctas), so that the SM has more loads in flight in all (8, i.e. 32 registers, spills everywhere)
+//   kAsync    Q4_K and Q4_K_T in tile order (a warp's 4 blocks one contiguous 576-byte run): a persistent kernel whose
+//             warps copy their next kAsyncStages - 1 units into a shared-memory ring with cp.async while converting
+//             the current one, so the bytes in flight no longer cost registers (the other types and paths: as
+//             kAsync's other settings say)
 enum { kStPlain = 0, kStCs = 1, kStEvictFirst = 2 };
-template <int BPW, int ST, bool FAST, bool PERSIST, int MIN_CTAS = 1>
+template <int BPW, int ST, bool FAST, bool PERSIST, int MIN_CTAS = 1, bool ASYNC = false>
 struct Var {
     static constexpr int kBpw = BPW, kStore = ST, kMinCtas = MIN_CTAS;
-    static constexpr bool kFast = FAST, kPersist = PERSIST;
+    static constexpr bool kFast = FAST, kPersist = PERSIST, kAsync = ASYNC;
 };
 
 __device__ __forceinline__ float magic_int(uint32_t u, float bias) {
@@ -290,6 +299,69 @@ __global__ void __launch_bounds__(kThreads, min_ctas<QT, kTileOrder, V>())
     kernel_body<QT, kTileOrder, V>(w, n_blocks_all, gb0, blocks, nb, out);
 }
 
+// kAsync (Q4_K, or Q4_K_T in tile order; blocks % 4 == 0): a warp's unit of 4 blocks is 576 contiguous bytes,
+// 36 cp.async of 16 bytes (lanes 0..3 take two). Each warp keeps kAsyncStages units in its ring: it waits for the
+// oldest, reads its lane's header and quant bytes from shared memory, refills the slot with the unit kAsyncStages
+// strides ahead, then converts and stores. kAsyncStages - 1 units (1.7 KB) stay in flight per warp at all times.
+// 5 CTAs per SM: 48 registers without spills (56 unasked: 4 CTAs), 5 × 18 KB of shared memory (fits sm_86's 100 KB).
+constexpr int kAsyncStages = 4;
+constexpr int kUnitBytes = 4 * 144;
+
+template <int QT, bool kTileOrder, class V>
+__global__ void __launch_bounds__(kThreads, 5) dequant_f16_async_kernel(const uint8_t* __restrict__ w, int64_t gb0,
+                                                                     int64_t blocks, int nb, uint4* __restrict__ out) {
+    static_assert((QT == Q4_K && !kTileOrder) || (QT == Q4_K_T && kTileOrder), "Q4_K runs of 4 contiguous blocks");
+    __shared__ __align__(16) uint8_t ring_all[kThreads / 32][kAsyncStages][kUnitBytes];  // 18 KB
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    uint8_t(*ring)[kUnitBytes] = ring_all[wid];
+    uint64_t policy = 0;
+    if constexpr (V::kStore == kStEvictFirst)
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    const int64_t units = blocks / 4, stride = (int64_t)gridDim.x * (kThreads / 32);
+    const int64_t first = (int64_t)blockIdx.x * (kThreads / 32) + wid;
+    auto issue = [&](int64_t u, int slot) {
+        if (u < units) {
+            const uint8_t* src = w + (gb0 + 4 * u) * 144;
+            lb::cp_async16(ring[slot] + 16 * lane, src + 16 * lane);
+            if (lane < kUnitBytes / 16 - 32) lb::cp_async16(ring[slot] + 512 + 16 * lane, src + 512 + 16 * lane);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");  // (an empty group when u is past the end)
+    };
+#pragma unroll
+    for (int st = 0; st < kAsyncStages; ++st) issue(first + st * stride, st);
+    int slot = 0;
+    for (int64_t u = first; u < units; u += stride) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(kAsyncStages - 1) : "memory");
+        __syncwarp();  // every lane's copies of this slot have landed
+        Raw r[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint8_t* b = ring[slot] + 144 * i;
+            r[i].hdr = *reinterpret_cast<const uint4*>(b);
+            r[i].q = *reinterpret_cast<const uint2*>(b + 16 + 32 * (lane >> 3) + 8 * (lane & 3));
+        }
+        __syncwarp();  // every lane has read the slot before any lane refills it
+        issue(u + kAsyncStages * stride, slot);
+        slot = slot + 1 == kAsyncStages ? 0 : slot + 1;
+        const int64_t b0 = 4 * u;
+        int64_t to0, step;
+        if constexpr (kTileOrder) {  // rows r .. r + 3 of one tile, one 256-block column kb
+            const int64_t per_tile = (int64_t)kTileRows * nb;
+            const int64_t tile = b0 / per_tile;
+            const int rem = (int)(b0 - tile * per_tile), kb = rem / kTileRows, rr = rem % kTileRows;
+            to0 = (tile * kTileRows + rr) * nb + kb;
+            step = nb;
+        } else {
+            to0 = b0;
+            step = 1;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            store16<V::kStore>(out + (to0 + i * step) * 32 + lane, convert<QT, V::kFast>(r[i], lane), policy);
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");  // no copy may land after the CTA's shared memory is gone
+}
+
 // SMs of the current device, asked once per device.
 int sm_count() {
     static std::atomic<int> cached[64];
@@ -330,6 +402,23 @@ void launch_kernel(const uint8_t* w, int64_t n_blocks_all, int64_t gb0, int64_t 
     kernel<<<(unsigned)grid, kThreads, 0, s>>>(w, n_blocks_all, gb0, blocks, nb, out);
 }
 
+template <int QT, bool kTileOrder, class V>
+void launch_async(const uint8_t* w, int64_t gb0, int64_t blocks, int nb, uint4* out, cudaStream_t s) {
+    static std::atomic<int> per_sm{0};
+    int occ = per_sm.load(std::memory_order_relaxed);
+    if (occ <= 0) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, dequant_f16_async_kernel<QT, kTileOrder, V>,
+                                                          kThreads, 0) != cudaSuccess ||
+            occ <= 0)
+            occ = 1;
+        per_sm.store(occ, std::memory_order_relaxed);
+    }
+    const int64_t need = (blocks / 4 + kThreads / 32 - 1) / (kThreads / 32);
+    const int64_t resident = (int64_t)occ * sm_count();
+    const int64_t grid = need < resident ? need : resident;
+    dequant_f16_async_kernel<QT, kTileOrder, V><<<(unsigned)grid, kThreads, 0, s>>>(w, gb0, blocks, nb, out);
+}
+
 template <int QT, class V>
 int launch_v(const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, void* out, cudaStream_t s) {
     const int64_t nb = k / QK, blocks = rows * nb;
@@ -337,6 +426,14 @@ int launch_v(const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, v
     auto* o = static_cast<uint4*>(out);
     // (The 27B's pp520 measured 5,583 tok/s tiled with a 64-bit division per block, 5,735 with the row-major walk
     // below, against 5,851 untiled: docs/perf.md "Q4_K tiled layout".)
+    if constexpr (V::kAsync && (QT == Q4_K || QT == Q4_K_T)) {
+        constexpr bool kTile = QT == Q4_K_T;
+        if (kTile ? row0 % kTileRows == 0 && rows % kTileRows == 0 : blocks % 4 == 0) {
+            launch_async<QT, kTile, V>(wb, row0 * nb, blocks, (int)nb, o, s);
+            LB_LAUNCH_TRY();
+            return LB_OK;
+        }
+    }
     if constexpr (is_tiled(QT)) {
         if (row0 % kTileRows == 0 && rows % kTileRows == 0) {
             launch_kernel<QT, true, V>(wb, n_rows * nb, row0 * nb, blocks, (int)nb, o, s);
@@ -363,10 +460,13 @@ using VAll = Var<8, kStCs, true, true>;
 using VOcc = Var<4, kStPlain, false, false, 6>;
 using VFastOcc = Var<4, kStPlain, true, false, 6>;
 using VFastOccCs = Var<4, kStCs, true, false, 6>;
+using VAsync = Var<4, kStPlain, true, false, 6, true>;  // (elsewhere: fast_occ)
+using VAsyncCs = Var<4, kStCs, true, false, 6, true>;
 #define LB_DEQUANT_VARIANTS(X)                                                                                   \
     X("base", VBase) X("fast", VFast) X("b8", VB8) X("cs", VCs) X("ef", VEf) X("persist", VPersist)          \
         X("fast_b8", VFastB8) X("fast_cs", VFastCs) X("fast_persist", VFastPersist) X("all", VAll)   \
-            X("occ", VOcc) X("fast_occ", VFastOcc) X("fast_occ_cs", VFastOccCs)
+            X("occ", VOcc) X("fast_occ", VFastOcc) X("fast_occ_cs", VFastOccCs) X("async", VAsync)   \
+                X("async_cs", VAsyncCs)
 
 #define LB_DQ_NAME(name, V) name,
 constexpr const char* kVariantNames[] = {LB_DEQUANT_VARIANTS(LB_DQ_NAME)};

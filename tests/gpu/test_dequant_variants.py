@@ -89,7 +89,6 @@ def run_variant(name: str, inp: Path, outp: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
-    from test_gemm_q_cublas import dequant_ref  # noqa: F401  (skips cleanly where gguf is missing)
     from test_quant_gemv import lib, random_gguf_bytes
 
     lib()  # skips without a GPU
