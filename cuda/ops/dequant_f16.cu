@@ -252,7 +252,17 @@ __device__ __forceinline__ void dequant_unit(const uint8_t* __restrict__ w, int6
         if (b0 + i < blocks) r[i] = load_raw<QT>(w, n_blocks_all, at[i], lane);
 #pragma unroll
     for (int i = 0; i < kBpw; ++i)
-        if (b0 + i < blocks) store16<V::kStore>(out + to[i] * 32 + lane, convert<QT, V::kFast>(r[i], lane), policy);
+        if (b0 + i < blocks) {
+            // Converting before forming the address gives the default today's PTX exactly; under the 40-register
+            // cap (kMinCtas) that order spills 4 bytes for Q4_K_T, the other does not.
+            if constexpr (V::kMinCtas > 1) {
+                uint4* const p = out + to[i] * 32 + lane;
+                store16<V::kStore>(p, convert<QT, V::kFast>(r[i], lane), policy);
+            } else {
+                const uint4 v = convert<QT, V::kFast>(r[i], lane);
+                store16<V::kStore>(out + to[i] * 32 + lane, v, policy);
+            }
+        }
 }
 
 // out [blocks, 256] fp16 as uint4 (32 per block). Grid: one unit per warp (ceil(blocks / (8 kBpw)) CTAs), or with
