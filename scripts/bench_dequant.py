@@ -5,11 +5,11 @@
 
 Each variant runs in its own process (the switch is read once per process: cuda/ops/dequant_f16.cu); the names come
 from the kernel's table. Per shape (the real rows and k of the 27B Q4_K_M's prefill matrices), the median of --reps
-calls after 3 warm-up calls (CUDA events around each call), with as many copies of weights + output as make the
-working set pass 2× L2 (rotated call by call, so neither the quant bytes nor the fp16 lines are L2 hits from the last
-call). "moved" = quant bytes read + fp16 bytes written. The roofline rows: torch's device-to-device copy of the same
-fp16 output bytes (read + write, TB/s of bytes moved) and a write-only fill; "floor" = the shape's moved bytes at the
-copy's rate. Weights from lb_quant_fill_random (random quants, small positive scales). Needs torch with CUDA and the
+calls after 3 warm-up calls (CUDA events around each call; a spin kernel before each start event keeps the host's
+launch time out of the interval), with as many copies of weights + output as make the working set pass 2× L2
+(rotated call by call, so neither the quant bytes nor the fp16 lines are L2 hits from the last call). "moved" = quant
+bytes read + fp16 bytes written. The roofline rows: torch's device-to-device copy of the same fp16 output bytes (read
++ write, TB/s of bytes moved) and a write-only fill; "floor" = the shape's moved bytes at the copy's rate. Weights from lb_quant_fill_random (random quants, small positive scales). Needs torch with CUDA and the
 built library (build/<profile>/liblucebox.so).
 """
 
@@ -55,6 +55,10 @@ def timed(torch, fns, reps: int) -> float:
     us = []
     for i in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        # keep the GPU busy (~100 µs) while the host records the start and enqueues the call, so that the interval
+        # holds the kernel alone, not the ~10 µs of a ctypes call and launch (a fifth of the smaller shapes)
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(200_000)
         a.record()
         fns[i % len(fns)]()
         b.record()
