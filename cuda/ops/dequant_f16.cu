@@ -103,15 +103,16 @@ __device__ __forceinline__ Raw load_raw(const uint8_t* __restrict__ w, int64_t n
 //   kMinCtas  __launch_bounds__'s minimum resident CTAs per SM: 6 caps Q4_K at 40 registers (48 warps
 //             per SM instead of the default's 40 for Q4_K_T's tile order at 48 registers), Q5_K / Q6_K at 5
 //             (min_ctas), so that the SM has more loads in flight in all (8, i.e. 32 registers, spills everywhere)
+//   kAsyncQ6  the same for Q6_K_T in tile order, whole 3,360-byte tiles (16 blocks) per unit
 //   kAsync    Q4_K and Q4_K_T in tile order (a warp's 4 blocks one contiguous 576-byte run): a persistent kernel whose
 //             warps copy their next kAsyncStages - 1 units into a shared-memory ring with cp.async while converting
 //             the current one, so the bytes in flight no longer cost registers (the other types and paths: as
 //             kAsync's other settings say)
 enum { kStPlain = 0, kStCs = 1, kStEvictFirst = 2 };
-template <int BPW, int ST, bool FAST, bool PERSIST, int MIN_CTAS = 1, bool ASYNC = false>
+template <int BPW, int ST, bool FAST, bool PERSIST, int MIN_CTAS = 1, bool ASYNC = false, bool ASYNC_Q6 = false>
 struct Var {
     static constexpr int kBpw = BPW, kStore = ST, kMinCtas = MIN_CTAS;
-    static constexpr bool kFast = FAST, kPersist = PERSIST, kAsync = ASYNC;
+    static constexpr bool kFast = FAST, kPersist = PERSIST, kAsync = ASYNC, kAsyncQ6 = ASYNC_Q6;
 };
 
 __device__ __forceinline__ float magic_int(uint32_t u, float bias) {
@@ -372,6 +373,63 @@ __global__ void __launch_bounds__(kThreads, 5) dequant_f16_async_kernel(const ui
     asm volatile("cp.async.wait_group 0;" ::: "memory");  // no copy may land after the CTA's shared memory is gone
 }
 
+// kAsyncQ6 (Q6_K_T in tile order): a warp's unit is one whole tile (16 rows × one 256-block column, 3,360 contiguous
+// bytes: the rows of a tile interleave, q6t_offset), 210 cp.async of 16 bytes; 4 warps per CTA, each a ring of 3
+// tiles (40 KB per CTA), 2 in flight while it converts the third, 4 rows (Raw) at a time from shared memory.
+constexpr int kQ6Stages = 3, kQ6Warps = 4;
+
+template <class V>
+__global__ void __launch_bounds__(kQ6Warps * 32) dequant_f16_q6t_async_kernel(const uint8_t* __restrict__ w,
+                                                                              int64_t tile0, int64_t units, int nb,
+                                                                              uint4* __restrict__ out) {
+    __shared__ __align__(16) uint8_t ring_all[kQ6Warps][kQ6Stages][Q6T::kBytes];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    uint8_t(*ring)[Q6T::kBytes] = ring_all[wid];
+    uint64_t policy = 0;
+    if constexpr (V::kStore == kStEvictFirst)
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    const int64_t stride = (int64_t)gridDim.x * kQ6Warps, first = (int64_t)blockIdx.x * kQ6Warps + wid;
+    auto issue = [&](int64_t u, int slot) {
+        if (u < units) {
+            const uint8_t* src = w + (tile0 + u) * Q6T::kBytes;
+            for (int c = lane; c < Q6T::kBytes / 16; c += 32) lb::cp_async16(ring[slot] + 16 * c, src + 16 * c);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+#pragma unroll
+    for (int st = 0; st < kQ6Stages; ++st) issue(first + st * stride, st);
+    const int n = lane >> 4, qq = (lane & 15) >> 2, l = 8 * (lane & 3);
+    int slot = 0;
+    for (int64_t u = first; u < units; u += stride) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(kQ6Stages - 1) : "memory");
+        __syncwarp();
+        const uint8_t* b = ring[slot];
+        const int64_t trow = u / nb;  // the tile's row of tiles in the range, and its block column
+        const int kb = (int)(u - trow * nb);
+#pragma unroll 1
+        for (int g = 0; g < kTileRows; g += 4) {
+            Raw r[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {  // Q6_K_T's load_raw, from shared memory
+                const int r16 = g + i;
+                r[i].q = *reinterpret_cast<const uint2*>(b + q6t_offset(r16, 64 * n + 32 * (qq & 1) + l));
+                r[i].h = *reinterpret_cast<const uint2*>(b + q6t_offset(r16, 128 + 32 * n + l));
+                r[i].hdr = *reinterpret_cast<const uint4*>(b + q6t_offset(r16, 192));
+                r[i].d16 = *reinterpret_cast<const unsigned short*>(b + q6t_offset(r16, 208));
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint4 v = convert<Q6_K_T, V::kFast>(r[i], lane);
+                store16<V::kStore>(out + ((trow * kTileRows + g + i) * nb + kb) * 32 + lane, v, policy);
+            }
+        }
+        __syncwarp();  // every lane has read the slot before any lane refills it
+        issue(u + kQ6Stages * stride, slot);
+        slot = slot + 1 == kQ6Stages ? 0 : slot + 1;
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
 // SMs of the current device, asked once per device.
 int sm_count() {
     static std::atomic<int> cached[64];
@@ -429,6 +487,22 @@ void launch_async(const uint8_t* w, int64_t gb0, int64_t blocks, int nb, uint4* 
     dequant_f16_async_kernel<QT, kTileOrder, V><<<(unsigned)grid, kThreads, 0, s>>>(w, gb0, blocks, nb, out);
 }
 
+template <class V>
+void launch_q6t_async(const uint8_t* w, int64_t tile0, int64_t units, int nb, uint4* out, cudaStream_t s) {
+    static std::atomic<int> per_sm{0};
+    int occ = per_sm.load(std::memory_order_relaxed);
+    if (occ <= 0) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, dequant_f16_q6t_async_kernel<V>, kQ6Warps * 32, 0) !=
+                cudaSuccess ||
+            occ <= 0)
+            occ = 1;
+        per_sm.store(occ, std::memory_order_relaxed);
+    }
+    const int64_t need = (units + kQ6Warps - 1) / kQ6Warps, resident = (int64_t)occ * sm_count();
+    const int64_t grid = need < resident ? need : resident;
+    dequant_f16_q6t_async_kernel<V><<<(unsigned)grid, kQ6Warps * 32, 0, s>>>(w, tile0, units, nb, out);
+}
+
 template <int QT, class V>
 int launch_v(const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, void* out, cudaStream_t s) {
     const int64_t nb = k / QK, blocks = rows * nb;
@@ -436,6 +510,13 @@ int launch_v(const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, v
     auto* o = static_cast<uint4*>(out);
     // (The 27B's pp520 measured 5,583 tok/s tiled with a 64-bit division per block, 5,735 with the row-major walk
     // below, against 5,851 untiled: docs/perf.md "Q4_K tiled layout".)
+    if constexpr (V::kAsyncQ6 && QT == Q6_K_T) {
+        if (row0 % kTileRows == 0 && rows % kTileRows == 0) {
+            launch_q6t_async<V>(wb, row0 / kTileRows * nb, blocks / kTileRows, (int)nb, o, s);
+            LB_LAUNCH_TRY();
+            return LB_OK;
+        }
+    }
     if constexpr (V::kAsync && (QT == Q4_K || QT == Q4_K_T)) {
         constexpr bool kTile = QT == Q4_K_T;
         if (kTile ? row0 % kTileRows == 0 && rows % kTileRows == 0 : blocks % 4 == 0) {
@@ -472,11 +553,12 @@ using VFastOcc = Var<4, kStPlain, true, false, 6>;
 using VFastOccCs = Var<4, kStCs, true, false, 6>;
 using VAsync = Var<4, kStPlain, true, false, 6, true>;  // (elsewhere: fast_occ)
 using VAsyncCs = Var<4, kStCs, true, false, 6, true>;
+using VAsync6 = Var<4, kStPlain, true, false, 6, true, true>;
 #define LB_DEQUANT_VARIANTS(X)                                                                                   \
     X("base", VBase) X("fast", VFast) X("b8", VB8) X("cs", VCs) X("ef", VEf) X("persist", VPersist)          \
         X("fast_b8", VFastB8) X("fast_cs", VFastCs) X("fast_persist", VFastPersist) X("all", VAll)   \
             X("occ", VOcc) X("fast_occ", VFastOcc) X("fast_occ_cs", VFastOccCs) X("async", VAsync)   \
-                X("async_cs", VAsyncCs)
+                X("async_cs", VAsyncCs) X("async6", VAsync6)
 
 #define LB_DQ_NAME(name, V) name,
 constexpr const char* kVariantNames[] = {LB_DEQUANT_VARIANTS(LB_DQ_NAME)};

@@ -3,9 +3,10 @@
 The switch is read once per process, so each variant runs in a child process (this file in script mode, --child)
 on the same GGUF bytes: every type (Q4_K, Q4_K_T, Q5_K, Q6_K, Q6_K_T, Q8_0), odd row ranges (the row-range path,
 the Q6_K / Q8_0 trailing d arrays indexed by the whole tensor's rows) and whole 16-row tiles (the tiled types' stored-
-order path), K = 256 .. 5120, one matrix large enough (4,112 × 5,120: 82,240 blocks) that the persistent variants'
-warps stride over several units; the output NaN-poisoned first and guard values after it checked untouched. The
-default ("base") is checked against the gguf package's dequantization on the small cases, as in test_gemm_q_cublas.py.
+order path), K = 256 .. 5120, matrices large enough (4,096 of 4,099 / 4,112 rows × 5,120: 81,920 blocks) that the
+persistent and async variants' warps stride over several units; the output NaN-poisoned first and guard values after
+it checked untouched. The default ("base") is checked against the gguf package's dequantization on the small cases,
+as in test_gemm_q_cublas.py.
 The variant names come from the kernel's table (the X("name", ...) entries), so a new variant is tested unasked.
 """
 
@@ -26,9 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "cuda" / "ops" / "dequant_f16.cu"
 GUARD = 8
 QTS = ("Q4_K", "Q4_K_T", "Q5_K", "Q6_K", "Q6_K_T", "Q8_0")
-# (rows, k, row0, n): rows are rounded up to 16 for the tiled types (fit_rows); the ranges stay as written
+# (rows, k, row0, n): rows are rounded up to 16 for the tiled types (fit_rows); the ranges stay as written. The large
+# ones: rows 0..4096 (whole tiles: the tiled types' stored-order path; the persistent / async variants' warps stride
+# over several units there) and 1..3002 (the row-range path).
 SHAPES = [(37, 256, 0, 37), (37, 256, 5, 31), (41, 1280, 13, 27), (9, 5120, 3, 5), (300, 2304, 101, 199),
-          (64, 1280, 16, 32), (304, 2304, 0, 304), (4099, 5120, 0, 4099), (4099, 5120, 1, 3001)]
+          (64, 1280, 16, 32), (304, 2304, 0, 304), (4099, 5120, 0, 4096), (4099, 5120, 1, 3001)]
 SMALL = 7  # the first SMALL shapes are also checked against gguf (and compared value by value)
 
 pytestmark = pytest.mark.gpu
