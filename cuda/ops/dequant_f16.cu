@@ -296,7 +296,8 @@ __device__ __forceinline__ void kernel_body(const uint8_t* __restrict__ w, int64
 }
 
 // Two kernels, because ptxas allocates differently once a minimum CTA count is given at all (1 included: the
-// default's Q4_K_T took 48 registers without it and 45 with it), and the default must stay today's kernel.
+// default's Q5_K took 56 registers without it and 64 with it), and the default must stay today's kernel (its PTX is
+// main's, instance for instance).
 template <int QT, bool kTileOrder, class V>
 __global__ void __launch_bounds__(kThreads) dequant_f16_kernel(const uint8_t* __restrict__ w, int64_t n_blocks_all,
                                                                int64_t gb0, int64_t blocks, int nb,
