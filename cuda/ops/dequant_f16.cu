@@ -15,9 +15,10 @@
 // (and 8 contiguous Q5_K / Q6_K high-bit bytes) for every type: 8-byte loads; lanes that share bytes (the low
 // and high nibbles of Q4_K / Q5_K) read them in the same instruction, so HBM sees each byte once.
 //
-// LUCEBOX_DEQUANT=<name> picks a variant of this kernel (the table below: faster integer conversion, more bytes in
-// flight, other store policies, a persistent grid, a cp.async ring for Q4_K), each with the same output bit for bit;
-// unset, the kernel described here ("base"). docs/perf.md "27B prefill: dequantization variants".
+// LUCEBOX_DEQUANT=<name> picks a variant of this kernel (the table below: faster integer conversion, streaming stores,
+// a cp.async tile ring for Q6_K_T), each with the same output bit for bit; unset, the table's first entry
+// ("fast_cs6", the fastest measured); "base" is the kernel described here. docs/perf.md "27B prefill: dequantization
+// variants".
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -92,27 +93,22 @@ __device__ __forceinline__ Raw load_raw(const uint8_t* __restrict__ w, int64_t n
 }
 
 // The variants (LUCEBOX_DEQUANT, read once per process; docs/perf.md "27B prefill: dequantization variants"), all
-// bit-identical to the default: the same fp32 operations in the same order, only how the integers reach fp32, how
-// the fp16 leave, and how the work is spread differ.
-//   kBpw      blocks per warp (4: the default; 8: twice the independent loads in flight per lane)
-//   kStore    the 16-byte stores: plain, st.global.cs (streaming), or with an L2 evict_first policy
+// bit-identical to "base" (the kernel described at the top): the same fp32 operations in the same order, only how the
+// integers reach fp32, how the fp16 leave, and how Q6_K_T's tiles reach the SM differ.
+//   kStore    the 16-byte stores: plain, or st.global.cs (streaming: evict-first in L2)
 //   kFast     integers to fp32 by the 2^23 trick, (0x4B000000 | u) as a float is exactly 2^23 + u (u < 2^23),
 //             one exact FADD removing 2^23 (+ the Q6_K / Q8_0 offsets), instead of I2F, which runs at a quarter
 //             of the FP32 rate; and two fp32 to one f16x2 per cvt.rn.f16x2.f32 (each half RN, as __float2half_rn)
-//   kPersist  a grid of the resident blocks only (occupancy query), each warp looping over units of kBpw blocks
-//   kMinCtas  __launch_bounds__'s minimum resident CTAs per SM: 6 caps Q4_K at 40 registers (48 warps
-//             per SM instead of the default's 40 for Q4_K_T's tile order at 48 registers), Q5_K / Q6_K at 5
-//             (min_ctas), so that the SM has more loads in flight in all (8, i.e. 32 registers, spills everywhere)
-//   kAsyncQ6  the same for Q6_K_T in tile order, whole 3,360-byte tiles (16 blocks) per unit
-//   kAsync    Q4_K and Q4_K_T in tile order (a warp's 4 blocks one contiguous 576-byte run): a persistent kernel whose
-//             warps copy their next kAsyncStages - 1 units into a shared-memory ring with cp.async while converting
-//             the current one, so the bytes in flight no longer cost registers (the other types and paths: as
-//             kAsync's other settings say)
-enum { kStPlain = 0, kStCs = 1, kStEvictFirst = 2 };
-template <int BPW, int ST, bool FAST, bool PERSIST, int MIN_CTAS = 1, bool ASYNC = false, bool ASYNC_Q6 = false>
+//   kRingQ6   Q6_K_T in tile order through a persistent kernel whose warps copy whole 3,360-byte tiles into a
+//             shared-memory ring with cp.async (the tile interleaves its 16 rows, so a warp's four rows are not one
+//             contiguous run there, and the register-held loads of the default leave the SM short of bytes in flight)
+// Measured and removed (session 12, perf.md): 8 blocks per warp, an L2 evict_first store policy, a persistent grid for
+// every type, a register cap for 6 CTAs per SM, and a cp.async ring for Q4_K / Q4_K_T (none faster than fast_cs).
+enum { kStPlain = 0, kStCs = 1 };
+template <int ST, bool FAST, bool RING_Q6>
 struct Var {
-    static constexpr int kBpw = BPW, kStore = ST, kMinCtas = MIN_CTAS;
-    static constexpr bool kFast = FAST, kPersist = PERSIST, kAsync = ASYNC, kAsyncQ6 = ASYNC_Q6;
+    static constexpr int kStore = ST;
+    static constexpr bool kFast = FAST, kRingQ6 = RING_Q6;
 };
 
 __device__ __forceinline__ float magic_int(uint32_t u, float bias) {
@@ -193,49 +189,46 @@ __device__ __forceinline__ uint4 convert(const Raw& r, int lane) {
 }
 
 template <int ST>
-__device__ __forceinline__ void store16(uint4* p, uint4 v, uint64_t policy) {
+__device__ __forceinline__ void store16(uint4* p, uint4 v) {
     if constexpr (ST == kStPlain) {
         *p = v;
-    } else if constexpr (ST == kStCs) {
-        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                     : "memory");
     } else {
-        asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(p), "r"(v.x), "r"(v.y),
-                     "r"(v.z), "r"(v.w), "l"(policy)
+        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                      : "memory");
     }
 }
 
-// One warp's unit: kBpw blocks from b0 (in the range's order). Blocks: consecutive in the row-major order, or with
-// kTileOrder (tiled Q4_K / Q6_K over whole 16-row tiles: row0 and rows multiples of 16) consecutive in the stored
-// order, i.e. rows r .. r + kBpw - 1 of one tile and 256-block, so that its loads are one contiguous run (a row's
-// blocks are 2304 bytes apart there) and its stores kBpw whole 512-byte row pieces. The stored index of the range's
-// first block is then gb0 = row0 * nb.
+// One warp's unit: kBlocksPerWarp blocks from b0 (in the range's order). Blocks: consecutive in the row-major order,
+// or with kTileOrder (tiled Q4_K / Q6_K over whole 16-row tiles: row0 and rows multiples of 16) consecutive in the
+// stored order, i.e. rows r .. r + 3 of one tile and 256-block, so that its loads are one contiguous run (a row's
+// blocks are 2304 bytes apart there) and its stores four whole 512-byte row pieces. The stored index of the range's
+// first block is then gb0 = row0 * nb. Grid: one unit per warp, ceil(blocks / kBlocksPerCta) CTAs.
 template <int QT, bool kTileOrder, class V>
-__device__ __forceinline__ void dequant_unit(const uint8_t* __restrict__ w, int64_t n_blocks_all, int64_t gb0,
-                                             int64_t blocks, int nb, uint4* __restrict__ out, int64_t b0, int lane,
-                                             uint64_t policy) {
-    constexpr int kBpw = V::kBpw;
-    static_assert(!kTileOrder || (is_tiled(QT) && kTileRows % kBpw == 0), "tile order: tiled types");
-    int64_t at[kBpw];  // where each of the warp's blocks is stored
-    int64_t to[kBpw];  // and its block index in out (row-major from row0)
+__global__ void __launch_bounds__(kThreads) dequant_f16_kernel(const uint8_t* __restrict__ w, int64_t n_blocks_all,
+                                                               int64_t gb0, int64_t blocks, int nb,
+                                                               uint4* __restrict__ out) {
+    static_assert(!kTileOrder || (is_tiled(QT) && kTileRows % kBlocksPerWarp == 0), "tile order: tiled types");
+    const int lane = threadIdx.x & 31;
+    const int64_t b0 = ((int64_t)blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5)) * kBlocksPerWarp;
+    int64_t at[kBlocksPerWarp];  // where each of the warp's blocks is stored
+    int64_t to[kBlocksPerWarp];  // and its block index in out (row-major from row0)
     if constexpr (kTileOrder) {
         const int64_t per_tile = (int64_t)kTileRows * nb;
         const int64_t tile = b0 / per_tile;
         const int rem = (int)(b0 - tile * per_tile), kb = rem / kTileRows, r = rem % kTileRows;
 #pragma unroll
-        for (int i = 0; i < kBpw; ++i) {
+        for (int i = 0; i < kBlocksPerWarp; ++i) {
             at[i] = gb0 + b0 + i;
             to[i] = (tile * kTileRows + r + i) * nb + kb;
         }
     } else if constexpr (is_tiled(QT)) {
-        // a row range not in whole tiles: row-major order, one division per unit for the first block, then
+        // a row range not in whole tiles: row-major order, one division per thread for the first block, then
         // steps along the row
         const int64_t g = gb0 + b0;
         int64_t row = g / nb;
         int kb = (int)(g - row * nb);
 #pragma unroll
-        for (int i = 0; i < kBpw; ++i) {
+        for (int i = 0; i < kBlocksPerWarp; ++i) {
             at[i] = block_index<true>(row, kb, nb);
             to[i] = b0 + i;
             if (++kb == nb) {
@@ -245,136 +238,21 @@ __device__ __forceinline__ void dequant_unit(const uint8_t* __restrict__ w, int6
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < kBpw; ++i) at[i] = gb0 + b0 + i, to[i] = b0 + i;
+        for (int i = 0; i < kBlocksPerWarp; ++i) at[i] = gb0 + b0 + i, to[i] = b0 + i;
     }
-    Raw r[kBpw];
+    Raw r[kBlocksPerWarp];
 #pragma unroll
-    for (int i = 0; i < kBpw; ++i)
+    for (int i = 0; i < kBlocksPerWarp; ++i)
         if (b0 + i < blocks) r[i] = load_raw<QT>(w, n_blocks_all, at[i], lane);
 #pragma unroll
-    for (int i = 0; i < kBpw; ++i)
+    for (int i = 0; i < kBlocksPerWarp; ++i)
         if (b0 + i < blocks) {
-            // Converting before forming the address gives the default today's PTX exactly; under the 40-register
-            // cap (kMinCtas) that order spills 4 bytes for Q4_K_T, the other does not.
-            if constexpr (V::kMinCtas > 1) {
-                uint4* const p = out + to[i] * 32 + lane;
-                store16<V::kStore>(p, convert<QT, V::kFast>(r[i], lane), policy);
-            } else {
-                const uint4 v = convert<QT, V::kFast>(r[i], lane);
-                store16<V::kStore>(out + to[i] * 32 + lane, v, policy);
-            }
+            const uint4 v = convert<QT, V::kFast>(r[i], lane);  // (before the address: base keeps its old PTX)
+            store16<V::kStore>(out + to[i] * 32 + lane, v);
         }
 }
 
-// out [blocks, 256] fp16 as uint4 (32 per block). Grid: one unit per warp (ceil(blocks / (8 kBpw)) CTAs), or with
-// kPersist at most the resident CTAs, each warp striding over the units.
-// kMinCtas of type QT: 6 CTAs (40 registers) fit Q4_K without spills, Q5_K and Q6_K take 5 (48); Q6_K_T in tile
-// order (59 registers: the tile offsets) spills even at 48, and keeps the default's 4 CTAs, as does Q6_K (spills at
-// 48 on sm_86); Q8_0 takes 32 registers unasked (8 CTAs, and 39 when asked for 6). Only Q4_K takes it with kBpw 8.
-template <int QT, bool kTileOrder, class V>
-constexpr int min_ctas() {
-    return V::kMinCtas <= 1 || QT == Q4_K || QT == Q4_K_T            ? V::kMinCtas
-           : QT == Q8_0 || V::kBpw > 4 || QT == Q6_K || (QT == Q6_K_T && kTileOrder) ? 1
-                                                                                  : 5;
-}
-
-template <int QT, bool kTileOrder, class V>
-__device__ __forceinline__ void kernel_body(const uint8_t* __restrict__ w, int64_t n_blocks_all, int64_t gb0,
-                                            int64_t blocks, int nb, uint4* __restrict__ out) {
-    const int lane = threadIdx.x & 31;
-    uint64_t policy = 0;
-    if constexpr (V::kStore == kStEvictFirst)
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    const int64_t warp = (int64_t)blockIdx.x * (kThreads / 32) + (threadIdx.x >> 5);
-    if constexpr (V::kPersist) {
-        const int64_t stride = (int64_t)gridDim.x * (kThreads / 32) * V::kBpw;
-        for (int64_t b0 = warp * V::kBpw; b0 < blocks; b0 += stride)
-            dequant_unit<QT, kTileOrder, V>(w, n_blocks_all, gb0, blocks, nb, out, b0, lane, policy);
-    } else {
-        dequant_unit<QT, kTileOrder, V>(w, n_blocks_all, gb0, blocks, nb, out, warp * V::kBpw, lane, policy);
-    }
-}
-
-// Two kernels, because ptxas allocates differently once a minimum CTA count is given at all (1 included: the
-// default's Q5_K took 56 registers without it and 64 with it), and the default must stay today's kernel (its PTX is
-// main's, instance for instance).
-template <int QT, bool kTileOrder, class V>
-__global__ void __launch_bounds__(kThreads) dequant_f16_kernel(const uint8_t* __restrict__ w, int64_t n_blocks_all,
-                                                               int64_t gb0, int64_t blocks, int nb,
-                                                               uint4* __restrict__ out) {
-    kernel_body<QT, kTileOrder, V>(w, n_blocks_all, gb0, blocks, nb, out);
-}
-template <int QT, bool kTileOrder, class V>
-__global__ void __launch_bounds__(kThreads, min_ctas<QT, kTileOrder, V>())
-    dequant_f16_kernel_occ(const uint8_t* __restrict__ w, int64_t n_blocks_all, int64_t gb0, int64_t blocks, int nb,
-                           uint4* __restrict__ out) {
-    kernel_body<QT, kTileOrder, V>(w, n_blocks_all, gb0, blocks, nb, out);
-}
-
-// kAsync (Q4_K, or Q4_K_T in tile order; blocks % 4 == 0): a warp's unit of 4 blocks is 576 contiguous bytes,
-// 36 cp.async of 16 bytes (lanes 0..3 take two). Each warp keeps kAsyncStages units in its ring: it waits for the
-// oldest, reads its lane's header and quant bytes from shared memory, refills the slot with the unit kAsyncStages
-// strides ahead, then converts and stores. kAsyncStages - 1 units (1.7 KB) stay in flight per warp at all times.
-// 5 CTAs per SM: 48 registers without spills (56 unasked: 4 CTAs), 5 × 18 KB of shared memory (fits sm_86's 100 KB).
-constexpr int kAsyncStages = 4;
-constexpr int kUnitBytes = 4 * 144;
-
-template <int QT, bool kTileOrder, class V>
-__global__ void __launch_bounds__(kThreads, 5) dequant_f16_async_kernel(const uint8_t* __restrict__ w, int64_t gb0,
-                                                                     int64_t blocks, int nb, uint4* __restrict__ out) {
-    static_assert((QT == Q4_K && !kTileOrder) || (QT == Q4_K_T && kTileOrder), "Q4_K runs of 4 contiguous blocks");
-    __shared__ __align__(16) uint8_t ring_all[kThreads / 32][kAsyncStages][kUnitBytes];  // 18 KB
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    uint8_t(*ring)[kUnitBytes] = ring_all[wid];
-    uint64_t policy = 0;
-    if constexpr (V::kStore == kStEvictFirst)
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    const int64_t units = blocks / 4, stride = (int64_t)gridDim.x * (kThreads / 32);
-    const int64_t first = (int64_t)blockIdx.x * (kThreads / 32) + wid;
-    auto issue = [&](int64_t u, int slot) {
-        if (u < units) {
-            const uint8_t* src = w + (gb0 + 4 * u) * 144;
-            lb::cp_async16(ring[slot] + 16 * lane, src + 16 * lane);
-            if (lane < kUnitBytes / 16 - 32) lb::cp_async16(ring[slot] + 512 + 16 * lane, src + 512 + 16 * lane);
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");  // (an empty group when u is past the end)
-    };
-#pragma unroll
-    for (int st = 0; st < kAsyncStages; ++st) issue(first + st * stride, st);
-    int slot = 0;
-    for (int64_t u = first; u < units; u += stride) {
-        asm volatile("cp.async.wait_group %0;" ::"n"(kAsyncStages - 1) : "memory");
-        __syncwarp();  // every lane's copies of this slot have landed
-        Raw r[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint8_t* b = ring[slot] + 144 * i;
-            r[i].hdr = *reinterpret_cast<const uint4*>(b);
-            r[i].q = *reinterpret_cast<const uint2*>(b + 16 + 32 * (lane >> 3) + 8 * (lane & 3));
-        }
-        __syncwarp();  // every lane has read the slot before any lane refills it
-        issue(u + kAsyncStages * stride, slot);
-        slot = slot + 1 == kAsyncStages ? 0 : slot + 1;
-        const int64_t b0 = 4 * u;
-        int64_t to0, step;
-        if constexpr (kTileOrder) {  // rows r .. r + 3 of one tile, one 256-block column kb
-            const int64_t per_tile = (int64_t)kTileRows * nb;
-            const int64_t tile = b0 / per_tile;
-            const int rem = (int)(b0 - tile * per_tile), kb = rem / kTileRows, rr = rem % kTileRows;
-            to0 = (tile * kTileRows + rr) * nb + kb;
-            step = nb;
-        } else {
-            to0 = b0;
-            step = 1;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            store16<V::kStore>(out + (to0 + i * step) * 32 + lane, convert<QT, V::kFast>(r[i], lane), policy);
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");  // no copy may land after the CTA's shared memory is gone
-}
-
-// kAsyncQ6 (Q6_K_T in tile order): a warp's unit is one whole tile (16 rows × one 256-block column, 3,360 contiguous
+// kRingQ6 (Q6_K_T in tile order): a warp's unit is one whole tile (16 rows × one 256-block column, 3,360 contiguous
 // bytes: the rows of a tile interleave, q6t_offset), 210 cp.async of 16 bytes; 4 warps per CTA, each a ring of 3
 // tiles (40 KB per CTA), 2 in flight while it converts the third, 4 rows (Raw) at a time from shared memory.
 constexpr int kQ6Stages = 3, kQ6Warps = 4;
@@ -386,9 +264,6 @@ __global__ void __launch_bounds__(kQ6Warps * 32) dequant_f16_q6t_async_kernel(co
     __shared__ __align__(16) uint8_t ring_all[kQ6Warps][kQ6Stages][Q6T::kBytes];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     uint8_t(*ring)[Q6T::kBytes] = ring_all[wid];
-    uint64_t policy = 0;
-    if constexpr (V::kStore == kStEvictFirst)
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     const int64_t stride = (int64_t)gridDim.x * kQ6Warps, first = (int64_t)blockIdx.x * kQ6Warps + wid;
     auto issue = [&](int64_t u, int slot) {
         if (u < units) {
@@ -421,7 +296,7 @@ __global__ void __launch_bounds__(kQ6Warps * 32) dequant_f16_q6t_async_kernel(co
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const uint4 v = convert<Q6_K_T, V::kFast>(r[i], lane);
-                store16<V::kStore>(out + ((trow * kTileRows + g + i) * nb + kb) * 32 + lane, v, policy);
+                store16<V::kStore>(out + ((trow * kTileRows + g + i) * nb + kb) * 32 + lane, v);
             }
         }
         __syncwarp();  // every lane has read the slot before any lane refills it
@@ -445,49 +320,6 @@ int sm_count() {
     return n;
 }
 
-template <int QT, bool kTileOrder, class V>
-constexpr auto pick_kernel() {  // (if constexpr: only the one used is instantiated)
-    if constexpr (min_ctas<QT, kTileOrder, V>() > 1) return dequant_f16_kernel_occ<QT, kTileOrder, V>;
-    else return dequant_f16_kernel<QT, kTileOrder, V>;
-}
-
-template <int QT, bool kTileOrder, class V>
-void launch_kernel(const uint8_t* w, int64_t n_blocks_all, int64_t gb0, int64_t blocks, int nb, uint4* out,
-                   cudaStream_t s) {
-    constexpr int kPerCta = kThreads / 32 * V::kBpw;
-    const auto kernel = pick_kernel<QT, kTileOrder, V>();
-    int64_t grid = (blocks + kPerCta - 1) / kPerCta;
-    if constexpr (V::kPersist) {
-        static std::atomic<int> per_sm{0};  // resident CTAs per SM of this instance (one arch per build)
-        int occ = per_sm.load(std::memory_order_relaxed);
-        if (occ <= 0) {
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, 0) != cudaSuccess || occ <= 0)
-                occ = 1;
-            per_sm.store(occ, std::memory_order_relaxed);
-        }
-        const int64_t resident = (int64_t)occ * sm_count();
-        if (grid > resident) grid = resident;
-    }
-    kernel<<<(unsigned)grid, kThreads, 0, s>>>(w, n_blocks_all, gb0, blocks, nb, out);
-}
-
-template <int QT, bool kTileOrder, class V>
-void launch_async(const uint8_t* w, int64_t gb0, int64_t blocks, int nb, uint4* out, cudaStream_t s) {
-    static std::atomic<int> per_sm{0};
-    int occ = per_sm.load(std::memory_order_relaxed);
-    if (occ <= 0) {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, dequant_f16_async_kernel<QT, kTileOrder, V>,
-                                                          kThreads, 0) != cudaSuccess ||
-            occ <= 0)
-            occ = 1;
-        per_sm.store(occ, std::memory_order_relaxed);
-    }
-    const int64_t need = (blocks / 4 + kThreads / 32 - 1) / (kThreads / 32);
-    const int64_t resident = (int64_t)occ * sm_count();
-    const int64_t grid = need < resident ? need : resident;
-    dequant_f16_async_kernel<QT, kTileOrder, V><<<(unsigned)grid, kThreads, 0, s>>>(w, gb0, blocks, nb, out);
-}
-
 template <class V>
 void launch_q6t_async(const uint8_t* w, int64_t tile0, int64_t units, int nb, uint4* out, cudaStream_t s) {
     static std::atomic<int> per_sm{0};
@@ -507,72 +339,52 @@ void launch_q6t_async(const uint8_t* w, int64_t tile0, int64_t units, int nb, ui
 template <int QT, class V>
 int launch_v(const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, void* out, cudaStream_t s) {
     const int64_t nb = k / QK, blocks = rows * nb;
+    const int64_t grid = (blocks + kBlocksPerCta - 1) / kBlocksPerCta;
     const auto* wb = static_cast<const uint8_t*>(w);
     auto* o = static_cast<uint4*>(out);
     // (The 27B's pp520 measured 5,583 tok/s tiled with a 64-bit division per block, 5,735 with the row-major walk
     // below, against 5,851 untiled: docs/perf.md "Q4_K tiled layout".)
-    if constexpr (V::kAsyncQ6 && QT == Q6_K_T) {
-        if (row0 % kTileRows == 0 && rows % kTileRows == 0) {
-            launch_q6t_async<V>(wb, row0 / kTileRows * nb, blocks / kTileRows, (int)nb, o, s);
-            LB_LAUNCH_TRY();
-            return LB_OK;
-        }
-    }
-    if constexpr (V::kAsync && (QT == Q4_K || QT == Q4_K_T)) {
-        constexpr bool kTile = QT == Q4_K_T;
-        if (kTile ? row0 % kTileRows == 0 && rows % kTileRows == 0 : blocks % 4 == 0) {
-            launch_async<QT, kTile, V>(wb, row0 * nb, blocks, (int)nb, o, s);
-            LB_LAUNCH_TRY();
-            return LB_OK;
-        }
-    }
     if constexpr (is_tiled(QT)) {
         if (row0 % kTileRows == 0 && rows % kTileRows == 0) {
-            launch_kernel<QT, true, V>(wb, n_rows * nb, row0 * nb, blocks, (int)nb, o, s);
+            if constexpr (V::kRingQ6 && QT == Q6_K_T)
+                launch_q6t_async<V>(wb, row0 / kTileRows * nb, blocks / kTileRows, (int)nb, o, s);
+            else
+                dequant_f16_kernel<QT, true, V><<<(unsigned)grid, kThreads, 0, s>>>(wb, n_rows * nb, row0 * nb,
+                                                                                    blocks, (int)nb, o);
             LB_LAUNCH_TRY();
             return LB_OK;
         }
     }
-    launch_kernel<QT, false, V>(wb, n_rows * nb, row0 * nb, blocks, (int)nb, o, s);
+    dequant_f16_kernel<QT, false, V><<<(unsigned)grid, kThreads, 0, s>>>(wb, n_rows * nb, row0 * nb, blocks, (int)nb, o);
     LB_LAUNCH_TRY();
     return LB_OK;
 }
 
-// The variant table: name (LUCEBOX_DEQUANT) and its launch. "base" is the shipped kernel (the default).
-using VBase = Var<4, kStPlain, false, false>;
-using VFast = Var<4, kStPlain, true, false>;
-using VB8 = Var<8, kStPlain, false, false>;
-using VCs = Var<4, kStCs, false, false>;
-using VEf = Var<4, kStEvictFirst, false, false>;
-using VPersist = Var<4, kStPlain, false, true>;
-using VFastB8 = Var<8, kStPlain, true, false>;
-using VFastCs = Var<4, kStCs, true, false>;
-using VFastPersist = Var<4, kStPlain, true, true>;
-using VAll = Var<8, kStCs, true, true>;
-using VOcc = Var<4, kStPlain, false, false, 6>;
-using VFastOcc = Var<4, kStPlain, true, false, 6>;
-using VFastOccCs = Var<4, kStCs, true, false, 6>;
-using VAsync = Var<4, kStPlain, true, false, 6, true>;  // (elsewhere: fast_occ)
-using VAsyncCs = Var<4, kStCs, true, false, 6, true>;
-using VAsync6 = Var<4, kStPlain, true, false, 6, true, true>;
-#define LB_DEQUANT_VARIANTS(X)                                                                                   \
-    X("base", VBase) X("fast", VFast) X("b8", VB8) X("cs", VCs) X("ef", VEf) X("persist", VPersist)          \
-        X("fast_b8", VFastB8) X("fast_cs", VFastCs) X("fast_persist", VFastPersist) X("all", VAll)   \
-            X("occ", VOcc) X("fast_occ", VFastOcc) X("fast_occ_cs", VFastOccCs) X("async", VAsync)   \
-                X("async_cs", VAsyncCs) X("async6", VAsync6)
+// The variant table: name (LUCEBOX_DEQUANT) and its launch; the first entry is the default. What measured best per type
+// (H200, session 12, scripts/bench_dequant.py --variants): fast + streaming stores for Q4_K_T (−6% on every Q4_K_T
+// shape) and the tile ring for Q6_K_T (−20 to −25%), together "fast_cs6", the default; "base" is the kernel before it.
+using VFastCs6 = Var<kStCs, true, true>;
+using VBase = Var<kStPlain, false, false>;
+using VFast = Var<kStPlain, true, false>;
+using VFastCs = Var<kStCs, true, false>;
+using VFast6 = Var<kStPlain, true, true>;
+#define LB_DEQUANT_VARIANTS(X) \
+    X("fast_cs6", VFastCs6) X("base", VBase) X("fast", VFast) X("fast_cs", VFastCs) X("fast6", VFast6)
 
 #define LB_DQ_NAME(name, V) name,
 constexpr const char* kVariantNames[] = {LB_DEQUANT_VARIANTS(LB_DQ_NAME)};
 constexpr int kNumVariants = (int)(sizeof(kVariantNames) / sizeof(kVariantNames[0]));
 
-// LUCEBOX_DEQUANT, once per process: unset or empty = base; an unknown name is reported once on stderr and runs base.
+// LUCEBOX_DEQUANT, once per process: unset or empty = the table's first entry (fast_cs6, the default); an unknown name
+// is reported once on stderr and runs the default.
 int variant() {
     static const int v = [] {
         const char* e = std::getenv("LUCEBOX_DEQUANT");
         if (!e || !*e) return 0;
         for (int i = 0; i < kNumVariants; ++i)
             if (std::strcmp(e, kVariantNames[i]) == 0) return i;
-        std::fprintf(stderr, "lucebox: LUCEBOX_DEQUANT=%s is not a dequantization variant; using base\n", e);
+        std::fprintf(stderr, "lucebox: LUCEBOX_DEQUANT=%s is not a dequantization variant; using %s\n", e,
+                     kVariantNames[0]);
         return 0;
     }();
     return v;
@@ -586,7 +398,7 @@ int launch(const void* w, int64_t n_rows, int k, int64_t row0, int64_t rows, voi
     if (i++ == want) return launch_v<QT, V>(w, n_rows, k, row0, rows, out, s);
     LB_DEQUANT_VARIANTS(LB_DQ_CASE)
 #undef LB_DQ_CASE
-    return launch_v<QT, VBase>(w, n_rows, k, row0, rows, out, s);
+    return launch_v<QT, VFastCs6>(w, n_rows, k, row0, rows, out, s);
 }
 
 }  // namespace

@@ -5,8 +5,9 @@ on the same GGUF bytes: every type (Q4_K, Q4_K_T, Q5_K, Q6_K, Q6_K_T, Q8_0), odd
 the Q6_K / Q8_0 trailing d arrays indexed by the whole tensor's rows) and whole 16-row tiles (the tiled types' stored-
 order path), K = 256 .. 5120, matrices large enough (4,096 of 4,099 / 4,112 rows × 5,120: 81,920 blocks) that the
 persistent and async variants' warps stride over several units; the output NaN-poisoned first and guard values after
-it checked untouched. The default ("base") is checked against the gguf package's dequantization on the small cases,
-as in test_gemm_q_cublas.py.
+it checked untouched. "base" (the kernel before session 12) and the default (the table's first entry, what runs with
+LUCEBOX_DEQUANT unset, which is run as such too) are checked against the gguf package's dequantization on the small
+cases, as in test_gemm_q_cublas.py; every variant and the unset run against base.
 The variant names come from the kernel's table (the X("name", ...) entries), so a new variant is tested unasked.
 """
 
@@ -42,7 +43,7 @@ def variant_names() -> list[str]:
     block = text[text.index("#define LB_DEQUANT_VARIANTS(X)") :]
     block = block[: block.index("\n\n")]
     names = re.findall(r'X\("(\w+)"', block)
-    assert names and names[0] == "base", names
+    assert names and "base" in names, names
     return names
 
 
@@ -99,10 +100,13 @@ def outputs(tmp_path_factory):
     raws = {f"c{i}": random_gguf_bytes(qt, rows, k, seed=1000 + i) for i, (qt, rows, k, *_) in enumerate(cases())}
     inp = tmp / "in.npz"
     np.savez(inp, **raws)
-    return raws, {name: run_variant(name, inp, tmp / f"out_{name}.npz") for name in variant_names()}
+    outs = {name: run_variant(name, inp, tmp / f"out_{name}.npz") for name in variant_names()}
+    outs["(unset)"] = run_variant("", inp, tmp / "out_unset.npz")  # LUCEBOX_DEQUANT empty: the default
+    return raws, outs
 
 
-def test_base_matches_gguf(outputs):
+@pytest.mark.parametrize("name", ["base", variant_names()[0]])
+def test_base_and_default_match_gguf(outputs, name):
     import gguf
 
     from test_quant_gemv import gguf_type
@@ -113,13 +117,13 @@ def test_base_matches_gguf(outputs):
             continue
         ref = gguf.quants.dequantize(raws[f"c{i}"], gguf.GGMLQuantizationType[gguf_type(qt)]).reshape(rows, k)
         want = np.asarray(ref, np.float32).astype(np.float16)[row0 : row0 + n].view(np.uint16)
-        got = outs["base"][f"c{i}"]
-        assert not outs["base"][f"f{i}"].any(), f"base {qt} case {i}: NaN poison left, or wrote past the rows"
+        got = outs[name][f"c{i}"]
+        assert not outs[name][f"f{i}"].any(), f"{name} {qt} case {i}: NaN poison left, or wrote past the rows"
         bad = np.argwhere(got[: n * k].reshape(n, k) != want)
-        assert not bad.size, f"base {qt} rows {row0}..{row0 + n} of {rows}, K {k}: {len(bad)} differ, first {bad[0]}"
+        assert not bad.size, f"{name} {qt} rows {row0}..{row0 + n} of {rows}, K {k}: {len(bad)} differ, first {bad[0]}"
 
 
-@pytest.mark.parametrize("name", variant_names()[1:])
+@pytest.mark.parametrize("name", [v for v in variant_names() if v != "base"] + ["(unset)"])
 def test_variant_bit_identical_to_base(outputs, name):
     _, outs = outputs
     for i, (qt, rows, k, row0, n, _) in enumerate(cases()):
@@ -132,7 +136,7 @@ def test_variant_bit_identical_to_base(outputs, name):
         assert not bad.size, f"{where}: differs from base ({len(bad)} values or digest bytes, first at {bad[0]})"
 
 
-def test_unknown_name_runs_base(tmp_path):
+def test_unknown_name_runs_default(tmp_path):
     """An unknown LUCEBOX_DEQUANT says so once on stderr and runs the default."""
     env = dict(os.environ, LUCEBOX_DEQUANT="no-such-variant")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests" / "gpu"), env.get("PYTHONPATH", "")])
