@@ -26,6 +26,9 @@ struct CublasApi {
     // handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, compute, algo
     cublasStatus_t (*gemm_ex)(cublasHandle_t, int, int, int, int, int, const void*, const void*, cudaDataType, int,
                               const void*, cudaDataType, int, const void*, void*, cudaDataType, int, int, int);
+    // cublasSetSmCountTarget (optional: nullptr where the library lacks it): the SMs the handle's kernels size
+    // their grids for, 0 = all (what lets a side stream's kernels run beside a GEMM)
+    cublasStatus_t (*set_sm_count_target)(cublasHandle_t, int);
 };
 
 // The resolved entry points, or nullptr while no cuBLAS is loaded (lb_cublas_load).

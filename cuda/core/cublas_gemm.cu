@@ -56,5 +56,19 @@ int gemm_ex(int op_a, int op_b, int m, int n, int k, float alpha, const void* A,
     return LB_OK;
 }
 
+int set_sm_target(int sms) {
+    const CublasApi* api = cublas_api();
+    if (!api) return set_error(LB_ERR_NOT_FOUND, "cuBLAS not loaded (lb_cublas_load)");
+    if (!api->set_sm_count_target)
+        return set_error(LB_ERR_UNSUPPORTED, "the loaded cuBLAS has no cublasSetSmCountTarget");
+    cublasHandle_t h;
+    const int hs = device_handle(&h);
+    if (hs != LB_OK) return hs;
+    const cublasStatus_t st = api->set_sm_count_target(h, sms);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return set_error(LB_ERR_CUDA, "cublasSetSmCountTarget(%d) failed: %s (%d)", sms, cublas_status_name(st), st);
+    return LB_OK;
+}
+
 }  // namespace blas
 }  // namespace lb

@@ -30,5 +30,9 @@ inline bool ready() { return check() == LB_OK; }
 int gemm_ex(int op_a, int op_b, int m, int n, int k, float alpha, const void* A, int a_type, int lda, const void* B,
             int b_type, int ldb, float beta, void* C, int c_type, int ldc, cudaStream_t stream);
 
+// The SMs the current device's handle sizes its GEMMs for (cublasSetSmCountTarget; 0 = all): LB_OK, LB_ERR_NOT_FOUND
+// without a loaded cuBLAS, LB_ERR_UNSUPPORTED where the library has no such call.
+int set_sm_target(int sms);
+
 }  // namespace blas
 }  // namespace lb

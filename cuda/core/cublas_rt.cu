@@ -71,6 +71,8 @@ bool try_open(const char* path, std::string& why) {
     api.set_stream = reinterpret_cast<decltype(api.set_stream)>(sym(dl, "cublasSetStream_v2", "cublasSetStream"));
     api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(sym(dl, "cublasSetMathMode", nullptr));
     api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(sym(dl, "cublasGemmEx", nullptr));
+    api.set_sm_count_target =
+        reinterpret_cast<decltype(api.set_sm_count_target)>(sym(dl, "cublasSetSmCountTarget", nullptr));
     const char* missing = !api.create ? "cublasCreate_v2"
                           : !api.destroy ? "cublasDestroy_v2"
                           : !api.set_stream ? "cublasSetStream_v2"

@@ -261,6 +261,12 @@ LB_API int lb_f32_to_f16(const float* x, int64_t count, void* out, void* stream)
  * least 2·k bytes, rows as it holds. */
 LB_API int lb_gemm_q_cublas_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n, float* y,
                                 int accumulate, void* scratch, uint64_t scratch_bytes, void* stream);
+/* Y[n, n_rows] (+)= X16[n, k] · W16[n_rows, k]^T, W16 fp16 already (an lb_dequant_f16 output), on cuBLAS. */
+LB_API int lb_gemm_f16w_cublas(const void* w16, int64_t n_rows, int k, const void* x16, int n, float* y,
+                               int accumulate, void* stream);
+/* The SMs cuBLAS sizes its GEMMs for on the current device (cublasSetSmCountTarget; 0 = all), so that a side
+ * stream's kernels find room beside them. LB_ERR_UNSUPPORTED where the loaded cuBLAS has no such call. */
+LB_API int lb_cublas_set_sm_target(int sms);
 
 /* ---- Device buffers (cuda/ops/dev_buffers.cu): for callers without another CUDA binding --------- */
 LB_API int lb_dev_alloc(uint64_t nbytes, void** out);

@@ -146,3 +146,23 @@ extern "C" LB_API int lb_gemm_q_cublas_x16(int qtype, const void* w, int64_t n_r
     return gemm_x16(qtype, w, n_rows, k, x16, n, y, accumulate, scratch, scratch_bytes,
                     static_cast<cudaStream_t>(stream));
 }
+
+// Y[n, n_rows] (+)= X16[n, k] · W16[n_rows, k]ᵀ with W already fp16 (an lb_dequant_f16 output): the GEMM half of
+// lb_gemm_q_cublas alone, for callers that dequantize elsewhere (scripts/bench_prefill_overlap.py: the next matrix's
+// dequantization on a side stream under this GEMM).
+extern "C" LB_API int lb_gemm_f16w_cublas(const void* w16, int64_t n_rows, int k, const void* x16, int n, float* y,
+                                          int accumulate, void* stream) {
+    LB_CHECK_ARG(w16 && x16 && y && n_rows >= 1 && n_rows <= INT_MAX && k >= 1 && n >= 1,
+                 "need w16, x16, y, 1 <= n_rows <= INT_MAX, k >= 1, n >= 1");
+    if (!lb::blas::ready()) return not_loaded(__func__);
+    return lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, (int)n_rows, n, k, 1.0f, w16, lb::blas::kR16F, k, x16,
+                             lb::blas::kR16F, k, accumulate ? 1.0f : 0.0f, y, lb::blas::kR32F, (int)n_rows,
+                             static_cast<cudaStream_t>(stream));
+}
+
+// The SMs cuBLAS sizes its GEMMs for on the current device (0 = all; cublasSetSmCountTarget): room for a side
+// stream's kernels beside the prefill GEMMs. LB_ERR_UNSUPPORTED where the loaded cuBLAS lacks the call.
+extern "C" LB_API int lb_cublas_set_sm_target(int sms) {
+    LB_CHECK_ARG(sms >= 0, "sms must be >= 0 (0: all)");
+    return lb::blas::set_sm_target(sms);
+}

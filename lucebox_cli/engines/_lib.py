@@ -163,6 +163,9 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_f32_to_f16": (c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]),
     "lb_gemm_q_cublas_x16": (c_int, [c_int, ctypes.c_void_p, ctypes.c_int64, c_int, ctypes.c_void_p, c_int,
                                      ctypes.c_void_p, c_int, ctypes.c_void_p, c_uint64, ctypes.c_void_p]),
+    "lb_gemm_f16w_cublas": (c_int, [ctypes.c_void_p, ctypes.c_int64, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p,
+                                    c_int, ctypes.c_void_p]),
+    "lb_cublas_set_sm_target": (c_int, [c_int]),
     # device buffers (cuda/ops/dev_buffers.cu)
     "lb_dev_alloc": (c_int, [c_uint64, POINTER(ctypes.c_void_p)]),
     "lb_dev_free": (c_int, [ctypes.c_void_p]),

@@ -24,7 +24,8 @@ from lucebox_cli.engines.dflash import DFlashTargetEngine, prefill_gemm_path
 from lucebox_cli.errors import EngineUnavailable, UsageError
 from lucebox_cli.models.qwen35_gguf import load_model_gguf
 
-API = ["lb_dequant_f16", "lb_blas_ready", "lb_gemm_q_cublas_scratch_bytes", "lb_gemm_q_cublas"]
+API = ["lb_dequant_f16", "lb_blas_ready", "lb_gemm_q_cublas_scratch_bytes", "lb_gemm_q_cublas", "lb_gemm_f16w_cublas",
+       "lb_cublas_set_sm_target"]
 SOURCES = ["cuda/ops/dequant_f16.cu", "cuda/ops/gemm_q_cublas.cu", "cuda/core/cublas_gemm.cu"]
 Q4_K = 12
 
@@ -70,6 +71,11 @@ def test_not_loaded_error_through_ctypes(built):
     assert fn.lb_gemm_q_cublas(Q4_K, a, rows, k, a, n, a, 0, a + 16, need, None) == _lib.LB_ERR_INVALID_ARG
     assert fn.lb_dequant_f16(Q4_K, a, rows, k, 300, 2, a, None) == _lib.LB_ERR_INVALID_ARG  # past the last row
     assert fn.lb_dequant_f16(Q4_K, a, rows, k, 0, 1, a + 8, None) == _lib.LB_ERR_INVALID_ARG  # out alignment
+    # the fp16-weight GEMM and the SM target (scripts/bench_prefill_overlap.py): arguments, then "not loaded"
+    assert fn.lb_gemm_f16w_cublas(None, rows, k, a, n, a, 0, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_gemm_f16w_cublas(a, rows, k, a, n, a, 0, None) == _lib.LB_ERR_NOT_FOUND
+    assert fn.lb_cublas_set_sm_target(-1) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_cublas_set_sm_target(100) == _lib.LB_ERR_NOT_FOUND and "not loaded" in built.last_error()
 
 
 # ---- memory plan ----
