@@ -39,6 +39,9 @@ def main() -> int:
     ap.add_argument("--m", type=int, default=520)
     ap.add_argument("--sm-targets", default="0,124,116,108,100")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--gemm-priority", type=int, default=0,
+                    help="the GEMM stream's priority (negative = higher: its CTAs are dispatched first when SMs free "
+                         "up, so the side stream's thousands of short dequantization CTAs cannot hold it off)")
     args = ap.parse_args()
 
     import torch
@@ -51,7 +54,7 @@ def main() -> int:
         print("no cuBLAS could be loaded")
         return 1
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    main_s, side_s = torch.cuda.Stream(), torch.cuda.Stream()
+    main_s, side_s = torch.cuda.Stream(priority=args.gemm_priority), torch.cuda.Stream()
     ms, ss = main_s.cuda_stream, side_s.cuda_stream
     m = args.m
     mats = []  # (name, qt, rows, k, weight tensor)
@@ -121,7 +124,8 @@ def main() -> int:
 
     flop = sum(2 * m * rows * k for _, _, rows, k, _ in mats)
     print(f"device: {torch.cuda.get_device_name(0)} ({sms} SMs); {args.layers} layers x {len(LAYER)} products, "
-          f"m = {m}: {flop / 1e12:.2f} TFLOP; median of {args.reps}; ms per layer in brackets")
+          f"m = {m}: {flop / 1e12:.2f} TFLOP; GEMM stream priority {args.gemm_priority}; median of {args.reps}; "
+          "ms per layer in brackets")
     print(f"{'SM target':>10} {'serial':>16} {'overlap':>16} {'dequant only':>16} {'GEMM only':>22}")
     for t in [int(v) for v in args.sm_targets.split(",")]:
         st = L.fn.lb_cublas_set_sm_target(t)
