@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kQ6Warps * 32) dequant_f16_q6t_async_kernel(co
     asm volatile("cp.async.wait_group 0;" ::: "memory");
 }
 
-// SMs of the current device, asked once per device.
+// SMs of the current device, asked once per device; 0 when the query fails (the caller then does not cap its grid).
 int sm_count() {
     static std::atomic<int> cached[64];
     int dev = 0;
@@ -314,7 +314,10 @@ int sm_count() {
     std::atomic<int>* c = dev < 64 ? &cached[dev] : nullptr;
     int n = c ? c->load(std::memory_order_relaxed) : 0;
     if (n <= 0) {
-        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+            (void)cudaGetLastError();  // no sticky error for the caller
+            return 0;
+        }
         if (c) c->store(n, std::memory_order_relaxed);
     }
     return n;
@@ -332,7 +335,7 @@ void launch_q6t_async(const uint8_t* w, int64_t tile0, int64_t units, int nb, ui
         per_sm.store(occ, std::memory_order_relaxed);
     }
     const int64_t need = (units + kQ6Warps - 1) / kQ6Warps, resident = (int64_t)occ * sm_count();
-    const int64_t grid = need < resident ? need : resident;
+    const int64_t grid = resident > 0 && resident < need ? resident : need;  // the warps stride: any grid is right
     dequant_f16_q6t_async_kernel<V><<<(unsigned)grid, kQ6Warps * 32, 0, s>>>(w, tile0, units, nb, out);
 }
 

@@ -62,6 +62,14 @@ extern "C" LB_API uint64_t lb_gemm_q_cublas_scratch_bytes(int n, int k, int64_t 
 
 namespace {
 
+// Y[n, rows] (+)= X16[n, k] · W16[rows, k]ᵀ on cuBLAS, W16 fp16 row-major with ld k and Y with ld ldy (the whole
+// matrix's rows when W16 is a row chunk of it).
+int gemm_f16w(const void* w16, int rows, int k, const void* x16, int n, float* y, int ldy, int accumulate,
+              cudaStream_t s) {
+    return lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, rows, n, k, 1.0f, w16, lb::blas::kR16F, k, x16,
+                             lb::blas::kR16F, k, accumulate ? 1.0f : 0.0f, y, lb::blas::kR32F, ldy, s);
+}
+
 // The shared body: x16 fp16 [n, k] (converted by the caller), W dequantized chunk by chunk into w16 (w16_bytes,
 // at least one row), one cublasGemmEx per chunk.
 int gemm_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n, float* y, int accumulate,
@@ -70,13 +78,11 @@ int gemm_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, i
     int64_t chunk = (int64_t)(w16_bytes / row_bytes);
     if (chunk < n_rows) chunk = chunk >= kChunkAlign ? chunk / kChunkAlign * kChunkAlign : chunk;
     else chunk = n_rows;
-    const float beta = accumulate ? 1.0f : 0.0f;
     for (int64_t r0 = 0; r0 < n_rows; r0 += chunk) {
         const int64_t rc = n_rows - r0 < chunk ? n_rows - r0 : chunk;
         int st = lb::dequant_f16_launch(qtype, w, n_rows, k, r0, rc, w16, s);
         if (st != LB_OK) return st;
-        st = lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, (int)rc, n, k, 1.0f, w16, lb::blas::kR16F, k, x16,
-                               lb::blas::kR16F, k, beta, y + r0, lb::blas::kR32F, (int)n_rows, s);
+        st = gemm_f16w(w16, (int)rc, k, x16, n, y + r0, (int)n_rows, accumulate, s);
         if (st != LB_OK) return st;
     }
     return LB_OK;
@@ -155,9 +161,7 @@ extern "C" LB_API int lb_gemm_f16w_cublas(const void* w16, int64_t n_rows, int k
     LB_CHECK_ARG(w16 && x16 && y && n_rows >= 1 && n_rows <= INT_MAX && k >= 1 && n >= 1,
                  "need w16, x16, y, 1 <= n_rows <= INT_MAX, k >= 1, n >= 1");
     if (!lb::blas::ready()) return not_loaded(__func__);
-    return lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, (int)n_rows, n, k, 1.0f, w16, lb::blas::kR16F, k, x16,
-                             lb::blas::kR16F, k, accumulate ? 1.0f : 0.0f, y, lb::blas::kR32F, (int)n_rows,
-                             static_cast<cudaStream_t>(stream));
+    return gemm_f16w(w16, (int)n_rows, k, x16, n, y, (int)n_rows, accumulate, static_cast<cudaStream_t>(stream));
 }
 
 // The SMs cuBLAS sizes its GEMMs for on the current device (0 = all; cublasSetSmCountTarget): room for a side
