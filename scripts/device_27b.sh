@@ -98,4 +98,5 @@ echo "run rc=$? in $((SECONDS - t0)) s" | tee -a "$S"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if k != "text"})' \
   "$OUT/run27.json" 2>> "$OUT/run27.log" | tee -a "$S"
 grep -E "^(error|hint)|Error|Traceback" "$OUT/run27.log" | head -6 | tee -a "$S"
-rm -f "$F"
+# KEEP_MODEL=1: leave the 16.6 GB file for a later command of the same device call (it prints where)
+if [ -n "${KEEP_MODEL:-}" ]; then echo "kept $F" | tee -a "$S"; else rm -f "$F"; fi

@@ -241,8 +241,9 @@ class Layers:
         # kernel) where the library has it and the engine carved its tickets; else lb_attn_prep + lb_attn_decode
         fn = getattr(lib, "fn", None)
         self.fused_decode = bufs.tickets != 0 and fn is not None and hasattr(fn, "lb_attn_decode_fused")
-        # a DeltaNet layer's one-row qkv (Q6_K_T) and z/beta/alpha (Q4_K_T) products as one lb_gemv_q_pair call where
-        # the library has it (one launch unless LUCEBOX_QKV_ZBA=0, which the library reads: two launches then)
+        # a one-row group of one Q6_K_T and one Q4_K_T product of the same x (a DeltaNet layer's qkv + z/beta/alpha,
+        # an attention layer's v + q/k) as one lb_gemv_q_pair call where the library has it (q6_q4_pair; one launch
+        # unless LUCEBOX_QKV_ZBA=0, which the library reads: two launches then)
         self.gemv_pair = fn is not None and hasattr(fn, "lb_gemv_q_pair")
 
     def _cublas(self, t: int) -> bool:
@@ -308,7 +309,8 @@ class Layers:
         gaps); at t > 1 (token-major [t, rows] outputs, one region per matrix) one lb_gemm_q_smalln_seg per 64
         columns, which sends each matrix's rows to its own output. Why: each launch pays a fixed cost before its
         bytes (~4.7 µs at t = 1 on the 27B's FFN matrices, ~9 µs at t = 23; H200 fits, docs/perf.md). Q6_K/Q8_0
-        keep one launch each: their device layout puts the fp16 scales after each tensor's blocks. On the cuBLAS path
+        keep one launch each: their device layout puts the fp16 scales after each tensor's blocks; except that at
+        t = 1 one Q6_K_T matrix and one Q4_K_T run share a launch (q6_q4_pair). On the cuBLAS path
         (wide passes) each matrix is its own call: one GEMM per matrix, whose outputs are separate regions."""
         if self._cublas(t):
             # every group reads the norm's output, which pass_norm wrote in fp16 to the scratch: each matrix runs on
@@ -317,6 +319,14 @@ class Layers:
             assert x == self.b.h, "a cuBLAS pass's grouped projections read the norm's output"
             for name, y in zip(names, ys):
                 self._x16_gemm(name, y, t, 0)
+            return
+        pair = self.q6_q4_pair(names, ys, t)
+        if pair is not None:
+            six, rest = pair
+            w6, w4 = self.m[names[six]], self.m[names[rest[0]]]
+            rows4 = sum(self.m[names[i]].rows for i in rest)
+            self._call("lb_gemv_q_pair", w6.qtype, w6.ptr, w6.rows, ys[six], w4.qtype, w4.ptr, rows4, ys[rest[0]],
+                       w6.k, x, 1, self.stream)
             return
         groups: list[list[int]] = []
         for i, name in enumerate(names):
@@ -345,17 +355,26 @@ class Layers:
             if self._rec is not None or self._capturing:
                 self._host_arrays.extend(keep)
 
-    def qkv_zba_pair(self, names: tuple[str, ...], ys: list[int], t: int) -> bool:
-        """Whether matmuls(names, x, ys, t) of a DeltaNet layer's (attn_qkv, attn_gate, ssm_beta, ssm_alpha) is one
-        lb_gemv_q_pair: one row, the library has it, attn_qkv Q6_K_T (270), the other three one Q4_K_T (268) tensor
-        (back to back in the arena, as matmuls groups them) with back-to-back outputs, all of the same K."""
-        if t != 1 or not self.gemv_pair or len(names) != 4:
-            return False
-        q, rest = self.m[names[0]], [self.m[n] for n in names[1:]]
-        if q.qtype != Q6K_TILED or any(w.qtype != Q4K_TILED or w.k != q.k for w in rest):
-            return False
-        return all(self._adjacent(names[i], names[i + 1]) and ys[i + 1] == ys[i] + rest[i - 1].rows * F32
-                   for i in (1, 2))
+    def q6_q4_pair(self, names: tuple[str, ...], ys: list[int], t: int) -> Optional[tuple[int, list[int]]]:
+        """(i6, rest) where matmuls(names, x, ys, t) is one lb_gemv_q_pair: one row, the library has it, exactly one
+        matrix Q6_K_T (270: names[i6]) and the others (rest, in order) one Q4_K_T (268) tensor (back to back in the
+        arena, as matmuls groups them) with back-to-back outputs, all of the same K; else None. Two groups take it:
+        a DeltaNet layer's attn_qkv (Q6) + attn_gate/ssm_beta/ssm_alpha, and an attention layer's attn_q + attn_k +
+        attn_v where Q4_K_M gave attn_v Q6_K (8 of the 27B's 16 attention layers; the others' q, k, v are one Q4_K
+        tensor, one lb_gemv_q already)."""
+        if t != 1 or not self.gemv_pair or len(names) < 2:
+            return None
+        six = [i for i, n in enumerate(names) if self.m[n].qtype == Q6K_TILED]
+        if len(six) != 1:
+            return None
+        rest = [i for i in range(len(names)) if i != six[0]]
+        k = self.m[names[six[0]]].k
+        if any(self.m[names[i]].qtype != Q4K_TILED or self.m[names[i]].k != k for i in rest):
+            return None
+        if not all(self._adjacent(names[a], names[b]) and ys[b] == ys[a] + self.m[names[a]].rows * F32
+                   for a, b in zip(rest, rest[1:])):
+            return None
+        return six[0], rest
 
     def _adjacent(self, prev: str, name: str) -> bool:
         """name's weights start where prev's end, same Q4_K/Q5_K type and K: the two are one tensor."""
@@ -468,14 +487,7 @@ class Layers:
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.gdn[i]
         qkv, z, a, beta_in = regs
         names = (pre + "attn_qkv.weight", pre + "attn_gate.weight", pre + "ssm_beta.weight", pre + "ssm_alpha.weight")
-        ys = [qkv, z, beta_in, a]
-        if self.qkv_zba_pair(names, ys, p.t) and not self._cublas(p.t):
-            wq, wz = self.m[names[0]], self.m[names[1]]
-            rows_zba = sum(self.m[n].rows for n in names[1:])
-            self._call("lb_gemv_q_pair", wq.qtype, wq.ptr, wq.rows, qkv, wz.qtype, wz.ptr, rows_zba, z, wq.k, b.h, 1,
-                       self.stream)
-        else:
-            self.matmuls(names, b.h, ys, p.t)
+        self.matmuls(names, b.h, [qkv, z, beta_in, a], p.t)
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
         if p.mode == "tree":
             self._call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,

@@ -28,9 +28,10 @@ from test_quant_gemv import ALL_QTYPES, TOL, Dev, case, lib, rel_rms  # noqa: E4
 pytestmark = pytest.mark.gpu
 
 Q6T, Q4T = ALL_QTYPES["Q6_K_T"], ALL_QTYPES["Q4_K_T"]
-# (rows of the Q6_K_T part, rows of the Q4_K_T part, k): the 27B's attn_qkv + z/beta/alpha, then odd small shapes
+# (rows of the Q6_K_T part, rows of the Q4_K_T part, k): the 27B's attn_qkv + z/beta/alpha and its attention layers'
+# attn_v (Q6_K_T) + attn_q/attn_k (one Q4_K_T tensor), then odd small shapes
 # (rows multiples of 16, k of 256; a part of one tile, parts that end mid row group, a Q4 part larger than the Q6)
-SHAPES = [(10240, 6240, 5120), (16, 16, 256), (48, 80, 256), (1008, 272, 256 * 7), (64, 4096, 1024), (4112, 48, 768)]
+SHAPES = [(10240, 6240, 5120), (1024, 13312, 5120), (16, 16, 256), (48, 80, 256), (1008, 272, 256 * 7), (64, 4096, 1024), (4112, 48, 768)]
 
 
 def outputs(ra: int, rb: int, k: int, merged: bool, accumulate: int, qa: str = "Q6_K_T", qb: str = "Q4_K_T"):
@@ -152,32 +153,36 @@ def test_pair_matches_two_launches_q6_mode(mode):
 
 
 def bench(iters: int = 200) -> None:
-    """µs per call at the 27B shape: the pair (merged) against the two lb_gemv_q, weights L2-resident (a floor on the
-    launch cost, not the HBM timeline: docs/perf.md has the in-graph numbers)."""
-    ra, rb, k = 10240, 6240, 5120
-    wa = Dev(lib().fn.lb_quant_bytes(Q6T, ra, k))
-    wb = Dev(lib().fn.lb_quant_bytes(Q4T, rb, k))
-    lib().call("lb_quant_fill_random", Q6T, wa.ptr, ra, k, 1, None)
-    lib().call("lb_quant_fill_random", Q4T, wb.ptr, rb, k, 2, None)
-    xd, y = Dev.of(np.ones(k, np.float32)), Dev(4 * (ra + rb))
+    """µs per call at the 27B shapes (DeltaNet qkv + z/beta/alpha; attention v + q/k): the pair (merged) against the
+    two lb_gemv_q, weights L2-resident (a floor on the launch cost, not the HBM timeline: docs/perf.md has the
+    in-graph numbers)."""
     import time
 
-    for merged in (False, True):
-        def one():
-            if merged:
-                lib().call("lb_gemv_q_pair", Q6T, wa.ptr, ra, y.ptr, Q4T, wb.ptr, rb, y.ptr.value + 4 * ra, k, xd.ptr, 1,
-                           None)
-            else:
-                lib().call("lb_gemv_q", Q6T, wa.ptr, ra, k, xd.ptr, y.ptr, 1, None)
-                lib().call("lb_gemv_q", Q4T, wb.ptr, rb, k, xd.ptr, y.ptr.value + 4 * ra, 1, None)
-        for _ in range(10):
-            one()
-        lib().call("lb_dev_sync")
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            one()
-        lib().call("lb_dev_sync")
-        print(f"{'pair' if merged else 'two launches'}: {(time.perf_counter() - t0) / iters * 1e6:.1f} µs a call")
+    for ra, rb, k in ((10240, 6240, 5120), (1024, 13312, 5120)):
+        wa = Dev(lib().fn.lb_quant_bytes(Q6T, ra, k))
+        wb = Dev(lib().fn.lb_quant_bytes(Q4T, rb, k))
+        lib().call("lb_quant_fill_random", Q6T, wa.ptr, ra, k, 1, None)
+        lib().call("lb_quant_fill_random", Q4T, wb.ptr, rb, k, 2, None)
+        xd, y = Dev.of(np.ones(k, np.float32)), Dev(4 * (ra + rb))
+        for merged in (False, True):
+            def one():
+                if merged:
+                    lib().call("lb_gemv_q_pair", Q6T, wa.ptr, ra, y.ptr, Q4T, wb.ptr, rb, y.ptr.value + 4 * ra, k,
+                               xd.ptr, 1, None)
+                else:
+                    lib().call("lb_gemv_q", Q6T, wa.ptr, ra, k, xd.ptr, y.ptr, 1, None)
+                    lib().call("lb_gemv_q", Q4T, wb.ptr, rb, k, xd.ptr, y.ptr.value + 4 * ra, 1, None)
+            for _ in range(10):
+                one()
+            lib().call("lb_dev_sync")
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                one()
+            lib().call("lb_dev_sync")
+            us = (time.perf_counter() - t0) / iters * 1e6
+            print(f"Q6 {ra} + Q4 {rb}, k {k}: {'pair' if merged else 'two launches'}: {us:.1f} µs a call")
+        for d in (wa, wb, xd, y):
+            d.close()
 
 
 if __name__ == "__main__":
