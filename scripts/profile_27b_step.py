@@ -155,9 +155,11 @@ def main(argv: list[str]) -> int:
                 eng.reset()
                 eng.prefill(prompt)
             wall = (time.perf_counter() - t0) / 2 * 1e3
-        res = _summary(f"prefill {a.prompt} (small-N select {sel}; {a.prompt / wall * 1e3:.0f} tok/s)", wall,
-                       _events(prof), 2)
+        ev = _events(prof)
+        res = _summary(f"prefill {a.prompt} (small-N select {sel}; {a.prompt / wall * 1e3:.0f} tok/s)", wall, ev, 2)
         res["select"] = sel
+        if a.sequence:  # the first layers' launches one by one (each projection's dequantization and GEMM)
+            res["sequence"] = _sequence("prefill", ev, 2, 2 * a.sequence, 8)
         out.append(res)
     eng.lib.call("lb_qmm_smalln_select", 0)
     eng.close()
