@@ -366,6 +366,13 @@ LB_API uint64_t lb_gdn_prefill_scratch_bytes(int t, int hk, int hv);
 LB_API int lb_gdn_prefill(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
                           const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state, void* state,
                           void* y, void* scratch, int t, int hk, int hv, float eps, void* stream);
+/* lb_gdn_prefill with z, a and b rows of stride ld_zab floats (e.g. one [t, ld_zab] GEMM output of the
+ * back-to-back attn_gate | ssm_beta | ssm_alpha): ld_zab >= hv*128, a multiple of 4, z 16-byte aligned.
+ * LB_ERR_UNSUPPORTED unless the DeltaNet prefill runs on the tensor cores (lb_deltanet_chunked_path() == 1). */
+LB_API int lb_gdn_prefill_ld(const void* pre, const void* a, const void* b, const void* z, int ld_zab,
+                             const void* conv_w, const void* ssm_a, const void* dt_bias, const void* norm_w,
+                             void* conv_state, void* state, void* y, void* scratch, int t, int hk, int hv, float eps,
+                             void* stream);
 
 /* ---- 27B gated attention (cuda/ops/attn_rope.cu, attn_decode.cu, attn_tree.cu) ---------------------
  * head_dim 256, any n_heads / n_kv_heads with at most 8 query heads per kv head (head h reads kv head

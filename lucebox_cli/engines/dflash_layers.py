@@ -245,6 +245,11 @@ class Layers:
         # an attention layer's v + q/k) as one lb_gemv_q_pair call where the library has it (q6_q4_pair; one launch
         # unless LUCEBOX_QKV_ZBA=0, which the library reads: two launches then)
         self.gemv_pair = fn is not None and hasattr(fn, "lb_gemv_q_pair")
+        # a cuBLAS prefill's attn_gate | ssm_beta | ssm_alpha as one GEMM whose [t, rows] output lb_gdn_prefill_ld
+        # reads in place (zab_merged): the library has it and the DeltaNet prefill runs on the tensor cores (the fp32
+        # path reads packed rows only)
+        self.gdn_ld = (fn is not None and hasattr(fn, "lb_gdn_prefill_ld") and hasattr(fn, "lb_deltanet_chunked_path")
+                       and fn.lb_deltanet_chunked_path() == 1)
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
@@ -399,12 +404,13 @@ class Layers:
         else:
             self.rmsnorm(self.b.x, weight, self.b.h, t, zero)
 
-    def _x16_gemm(self, name: str, y: int, t: int, accumulate: int) -> None:
+    def _x16_gemm(self, name: str, y: int, t: int, accumulate: int, rows: int = 0) -> None:
         """y (+)= W · x16 on the cuBLAS path: x16 (fp16 [t, K], at the scratch's start) written by the op before,
-        the weight chunks in the scratch after it (lb_gemm_q_cublas's own layout)."""
+        the weight chunks in the scratch after it (lb_gemm_q_cublas's own layout). rows: W's rows, more than the
+        matrix's own for a run of back-to-back tensors taken as one (0: the matrix's)."""
         w = self.m[name]
         xb = _align(2 * t * w.k, 256)
-        self._call("lb_gemm_q_cublas_x16", w.qtype, w.ptr, w.rows, w.k, self.b.gemm_scratch, t, y, accumulate,
+        self._call("lb_gemm_q_cublas_x16", w.qtype, w.ptr, rows or w.rows, w.k, self.b.gemm_scratch, t, y, accumulate,
                    self.b.gemm_scratch + xb, self.b.gemm_scratch_bytes - xb, self.stream)
 
     # -- where each group's projections land (and what its norm clears) --
@@ -487,8 +493,19 @@ class Layers:
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.gdn[i]
         qkv, z, a, beta_in = regs
         names = (pre + "attn_qkv.weight", pre + "attn_gate.weight", pre + "ssm_beta.weight", pre + "ssm_alpha.weight")
-        self.matmuls(names, b.h, [qkv, z, beta_in, a], p.t)
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
+        ld = self.zab_merged(names[1:], p)
+        if ld:
+            # one GEMM of the three back-to-back tensors into [t, ld] rows of [z | beta | alpha] from z's region
+            # (it holds them: the packed regions of the three span at least t * ld floats), read in place
+            self._x16_gemm(names[0], qkv, p.t, 0)
+            self._x16_gemm(names[1], z, p.t, 0, rows=ld)
+            rz, rb = self.m[names[1]].rows, self.m[names[2]].rows
+            self._call("lb_gdn_prefill_ld", qkv, z + (rz + rb) * F32, z + rz * F32, z, ld, *w, L.conv, L.state, b.act,
+                       b.gdn_scratch, p.t, cfg.hk, cfg.hv, cfg.eps, self.stream)
+            self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
+            return
+        self.matmuls(names, b.h, [qkv, z, beta_in, a], p.t)
         if p.mode == "tree":
             self._call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,
                           L.t_v, L.t_g, L.t_beta, b.tree_o, b.saves, p.max_saves, b.act, p.t, cfg.hk, cfg.hv,
@@ -498,6 +515,19 @@ class Layers:
             self._call(fn, qkv, a, beta_in, z, *w, L.conv, L.state, b.act, b.gdn_scratch, p.t, cfg.hk, cfg.hv,
                           cfg.eps, self.stream)
         self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
+
+    def zab_merged(self, names: tuple[str, ...], p: Pass) -> int:
+        """The summed rows of (attn_gate, ssm_beta, ssm_alpha) where a prefill pass on the cuBLAS path runs them as
+        one GEMM (one dequantization and one cublasGemmEx instead of three of each: the two 48-row ones cost ~20 µs
+        of launches, gaps and narrow GEMMs a layer at pp520, docs/perf.md) and lb_gdn_prefill_ld reads the
+        [t, rows] output; else 0. Needs the three back to back in the arena (one tensor) and rows % 4 == 0 (the
+        output norm's float4 rows)."""
+        if p.mode != "prefill" or not self._cublas(p.t) or not self.gdn_ld:
+            return 0
+        if not (self._adjacent(names[0], names[1]) and self._adjacent(names[1], names[2])):
+            return 0
+        ld = sum(self.m[n].rows for n in names)
+        return ld if ld % 4 == 0 else 0
 
     def attention(self, i: int, p: Pass, regs: list[int]) -> None:
         """regs = attention_regions(t)[0], cleared by the norm before."""

@@ -40,22 +40,25 @@ VOCAB = 4096
 
 
 @functools.lru_cache(maxsize=None)
-def gguf(n_layers: int) -> Path:
+def gguf(n_layers: int, hv_ratio: int = 3) -> Path:
+    """Hv = 3 Hk (6 value heads) by default; hv_ratio = 8 gives 16, so ssm_beta / ssm_alpha are whole 16-row tiles
+    like the 27B's 48 (tiled with attn_gate: one tensor of the three)."""
     from dflash_tiny import make_tiny_q4km
 
     folder = Path(os.environ.get("LUCEBOX_DFLASH_GGUF_DIR", ROOT / ".gl" / "dflash"))
     folder.mkdir(parents=True, exist_ok=True)
-    return make_tiny_q4km(folder / f"tiny{n_layers}", n_layers=n_layers, hv_ratio=3, vocab=VOCAB)
+    name = f"tiny{n_layers}" + (f"h{hv_ratio}" if hv_ratio != 3 else "")
+    return make_tiny_q4km(folder / name, n_layers=n_layers, hv_ratio=hv_ratio, vocab=VOCAB)
 
 
 @functools.lru_cache(maxsize=None)
-def cpu_weights(n_layers: int):
+def cpu_weights(n_layers: int, hv_ratio: int = 3):
     from lucebox_cli.gguf_io import GGUFModel
     from lucebox_cli.models.qwen35 import expected_tensors
     from lucebox_cli.models.qwen35_gguf import read_model_config
 
     # load_model_gguf without the tokenizer (the device may lack the `tokenizers` package)
-    model = GGUFModel(gguf(n_layers))
+    model = GGUFModel(gguf(n_layers, hv_ratio))
     cfg = read_model_config(model)
     return cfg, {name: np.array(model.dequant(name)) for name in expected_tensors(cfg)}
 
@@ -289,26 +292,38 @@ def test_speculative_lossless(spec, rate):
     check_speculative_lossless(spec, rate)
 
 
+@pytest.mark.parametrize("hv_ratio", [3, 8], ids=["hv6", "hv16"])
 @pytest.mark.parametrize("tile", ["0", "1"], ids=["gguf-q4k", "tiled-q4k"])
 @pytest.mark.parametrize("gemm", ["own", "cublas"])
-def test_prefill_gemm_paths(gemm, tile, monkeypatch):
+def test_prefill_gemm_paths(gemm, tile, hv_ratio, monkeypatch):
     """LUCEBOX_PREFILL_GEMM=own|cublas with 256-row passes: a 300-token prompt is one 256-row pass (on cuBLAS: every
     projection one cuBLAS GEMM, on fp16 inputs the norms and SwiGLU write) and a 44-row one (small-N either way); logits, tap features, a verify + commit
     and the step after it match the CPU engine with every scratch NaN-poisoned. cublas is skipped where the library
-    has no cuBLAS loaded."""
+    has no cuBLAS loaded. On cuBLAS a DeltaNet layer's attn_gate | ssm_beta | ssm_alpha run as one GEMM read in place
+    by lb_gdn_prefill_ld where the three are one tensor (Layers.zab_merged): at Hv = 16 in either layout; at Hv = 6
+    not (6-row beta / alpha: untiled and 864 bytes, so the arena's 256-byte alignment puts a gap before alpha)."""
     from lucebox_cli.engines.cpu import CPUEngine
     from lucebox_cli.engines.dflash import DFlashTargetEngine
 
     if gemm == "cublas" and not lib().fn.lb_blas_ready():
         pytest.skip("cuBLAS not loaded in this library (lb_blas_ready() == 0)")
+    if hv_ratio != 3 and gemm != "cublas":
+        pytest.skip("Hv = 16 is here for the cuBLAS pass's merged z / beta / alpha GEMM")
     monkeypatch.setenv("LUCEBOX_PREFILL_GEMM", gemm)
     monkeypatch.setenv("LUCEBOX_Q4K_TILE", tile)  # lb_gemm_q_cublas / small-N over each Q4_K layout
-    cfg, weights = cpu_weights(4)
-    gpu = DFlashTargetEngine(gguf(4), max_context=512, budget=22, tap_layers=(1,), lib=lib(), prefill_rows=256)
+    cfg, weights = cpu_weights(4, hv_ratio)
+    gpu = DFlashTargetEngine(gguf(4, hv_ratio), max_context=512, budget=22, tap_layers=(1,), lib=lib(),
+                             prefill_rows=256)
     cpu = CPUEngine(cfg, weights, tap_layers=(1,), max_context=512)
     try:
         assert gpu.info["prefill_gemm"] == gemm and gpu.prefill_rows == 256 and gpu.info["q4k_tile"] == (tile == "1")
         assert (gpu.plan.bytes_of("cublas gemm scratch") > 0) == (gemm == "cublas")
+        dn = next(i for i in range(cfg.n_layers) if not cfg.is_attention(i))
+        from lucebox_cli.engines.dflash_layers import Pass
+
+        names = tuple(f"blk.{dn}.{n}.weight" for n in ("attn_gate", "ssm_beta", "ssm_alpha"))
+        merged = gpu._layers.zab_merged(names, Pass("prefill", 256, 0)) > 0
+        assert merged == (gemm == "cublas" and hv_ratio == 8), merged
         ids = np.random.default_rng(11).integers(0, VOCAB, 300)
         gpu.poison()
         lg, lc = gpu.prefill(ids), cpu.prefill(ids)

@@ -305,6 +305,47 @@ def test_prefill(hk, hv, t):
         assert np.array_equal(conv.get(f32, (3, c)), conv_new)
 
 
+@pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
+@pytest.mark.parametrize("t,pad", [(1, 0), (150, 0), (520, 0), (65, 8)])
+def test_prefill_ld(hk, hv, t, pad):
+    """lb_gdn_prefill_ld: z | beta | alpha in rows of one stride ld = hv*128 + 2*hv (+ pad, NaN-filled), as the
+    engine's one GEMM of attn_gate | ssm_beta | ssm_alpha writes them: y, the state and the conv state bit for bit
+    those of lb_gdn_prefill on packed copies (the same kernels, other strides). On the fp32 path (the child of
+    test_chunked_fp32_path) it refuses with LB_ERR_UNSUPPORTED and writes nothing."""
+    from gdn_attn_dev import lib
+
+    w, x = weights(hk, hv, 60), layer_inputs(t, hk, hv, 61)
+    state = delta_inputs(1, hk, hv, 62)[5]
+    c, vd = (2 * hk + hv) * D, hv * D
+    ld = vd + 2 * hv + pad
+    rows = np.full((t, ld), np.nan, np.float32)
+    rows[:, :vd], rows[:, vd:vd + hv], rows[:, vd + hv:vd + 2 * hv] = x["z"].reshape(t, vd), x["b"], x["a"]
+    with Pool() as p:
+        wd = _wdev(p, w)
+        outs = []
+        for strided in (False, True):
+            conv, st, y = p.of(x["conv"]), p.of(state), p.nan(t * vd * 4)
+            scratch = p.nan(lib().fn.lb_gdn_prefill_scratch_bytes(t, hk, hv))
+            tail = (wd["conv_w"].ptr, wd["ssm_a"].ptr, wd["dt_bias"].ptr, wd["norm_w"].ptr, conv.ptr, st.ptr, y.ptr,
+                    scratch.ptr, t, hk, hv, ctypes.c_float(EPS), None)
+            if strided:
+                r = p.of(rows)
+                base = r.ptr.value
+                rc = lib().fn.lb_gdn_prefill_ld(p.of(x["pre"]).ptr, base + 4 * (vd + hv), base + 4 * vd, base, ld,
+                                                *tail)
+                if lib().fn.lb_deltanet_chunked_path() == 0:
+                    assert rc == 6 and np.isnan(y.get(f32, (t, vd))).all()  # LB_ERR_UNSUPPORTED
+                    return
+                assert rc == 0, lib().fn.lb_last_error()
+            else:
+                call("lb_gdn_prefill", p.of(x["pre"]).ptr, p.of(x["a"]).ptr, p.of(x["b"]).ptr, p.of(x["z"]).ptr, *tail)
+            outs.append((y.get(f32, (t, vd)), st.get(f32, state.shape), conv.get(f32, (3, c))))
+        (y0, s0, c0), (y1, s1, c1) = outs
+        assert np.isfinite(y1).all()
+        for a_, b_, what in ((y1, y0, "y"), (s1, s0, "state"), (c1, c0, "conv")):
+            assert np.array_equal(a_.view(np.uint32), b_.view(np.uint32)), what
+
+
 def test_chunked_fp32_path():
     """test_chunked and test_prefill again on the fp32 kernels (LUCEBOX_DN_PREFILL=old: relayout, transposed state,
     separate out_norm), in a child process since the switch is read once per process; this process runs the

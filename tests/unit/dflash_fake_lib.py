@@ -381,6 +381,20 @@ class FakeLib:
     def lb_gdn_prefill(self, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, scratch, t, hk, hv, eps, s):
         self._sequence(gated_delta_chunked, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, t, hk, hv, eps)
 
+    def lb_gdn_prefill_ld(self, pre, a, b, z, ld, conv_w, ssm_a, dt, norm_w, conv, state, y, scratch, t, hk, hv, eps,
+                          s):
+        """lb_gdn_prefill on z / a / b rows of stride ld (the C checks: the tensor-core path, which this fake is,
+        ld >= hv*128, ld % 4 == 0, z 16-byte aligned), through packed copies."""
+        assert ld >= hv * D and ld % 4 == 0 and int(z) % 16 == 0
+        rows = [view(p, np.float32, (t - 1) * ld + w).copy() for p, w in ((z, hv * D), (a, hv), (b, hv))]
+        zz, aa, bb = (np.ascontiguousarray(np.stack([r[i * ld: i * ld + w] for i in range(t)]))
+                      for r, w in zip(rows, (hv * D, hv, hv)))
+        self.lb_gdn_prefill(pre, aa.ctypes.data, bb.ctypes.data, zz.ctypes.data, conv_w, ssm_a, dt, norm_w, conv, state,
+                            y, scratch, t, hk, hv, eps, s)
+
+    def lb_deltanet_chunked_path(self):
+        return 1  # the tensor-core path (what lb_gdn_prefill_ld needs)
+
     def lb_gdn_tree_verify(self, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, parents, q, k, v, g, beta, o,
                            saves, max_saves, y, n, hk, hv, eps, s):
         qq, kk, vv, gg, bb, _ = self._prep(pre, a, b, conv_w, ssm_a, dt, conv, n, hk, hv, parents)
