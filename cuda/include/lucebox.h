@@ -366,10 +366,11 @@ LB_API uint64_t lb_gdn_prefill_scratch_bytes(int t, int hk, int hv);
 LB_API int lb_gdn_prefill(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
                           const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state, void* state,
                           void* y, void* scratch, int t, int hk, int hv, float eps, void* stream);
-/* lb_gdn_prefill with z, a and b rows of stride ld_zab floats (e.g. one [t, ld_zab] GEMM output of the
- * back-to-back attn_gate | ssm_beta | ssm_alpha): ld_zab >= hv*128, a multiple of 4, z 16-byte aligned.
- * LB_ERR_UNSUPPORTED unless the DeltaNet prefill runs on the tensor cores (lb_deltanet_chunked_path() == 1). */
-LB_API int lb_gdn_prefill_ld(const void* pre, const void* a, const void* b, const void* z, int ld_zab,
+/* lb_gdn_prefill with z rows of stride ld_z floats and a, b rows of stride ld_ab (e.g. one [t, ld] GEMM output of
+ * back-to-back tensors: attn_gate | ssm_beta | ssm_alpha, or ssm_beta | ssm_alpha): ld_z >= hv*128 and a multiple
+ * of 4, z 16-byte aligned, ld_ab >= hv. LB_ERR_UNSUPPORTED unless the DeltaNet prefill runs on the tensor cores
+ * (lb_deltanet_chunked_path() == 1). */
+LB_API int lb_gdn_prefill_ld(const void* pre, const void* a, const void* b, const void* z, int ld_z, int ld_ab,
                              const void* conv_w, const void* ssm_a, const void* dt_bias, const void* norm_w,
                              void* conv_state, void* state, void* y, void* scratch, int t, int hk, int hv, float eps,
                              void* stream);

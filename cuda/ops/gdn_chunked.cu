@@ -166,9 +166,10 @@ extern "C" LB_API uint64_t lb_gdn_prefill_scratch_bytes(int t, int hk, int hv) {
 // A prompt segment of one DeltaNet layer: conv + prep (advancing the conv state), the chunked rule
 // (advancing the state), the gated output norm into y [T, Hv*128]. z [T, Hv*128]; pre [T, C]. On the tensor-core
 // path the conv runs inside the chunk prep and the norm inside the chunk output (three kernels and the conv advance).
-// ld_zab: the row stride (floats) of z, a and b, 0 = each packed ([T, Hv*128], [T, Hv], [T, Hv]); another stride
-// only on the tensor-core path (its kernels take strides; the fp32 path's read packed rows).
-static int gdn_prefill(const void* pre, const void* a, const void* b, const void* z, int ld_zab, const void* conv_w,
+// ld_z / ld_ab: the row strides (floats) of z and of a and b, 0 = packed ([T, Hv*128], [T, Hv], [T, Hv]); other
+// strides only on the tensor-core path (its kernels take strides; the fp32 path's read packed rows).
+static int gdn_prefill(const void* pre, const void* a, const void* b, const void* z, int ld_z, int ld_ab,
+                       const void* conv_w,
                        const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state, void* state,
                        void* y, void* scratch, int t, int hk, int hv, float eps, void* stream) {
     LB_CHECK_ARG(pre && a && b && z && conv_w && ssm_a && dt_bias && norm_w && conv_state && state && y && scratch,
@@ -186,12 +187,12 @@ static int gdn_prefill(const void* pre, const void* a, const void* b, const void
     void* rest = static_cast<char*>(scratch) + (step + 255) / 256 * 256;
     bool tc = false;
     LB_CUDA_TRY((cudaError_t)pf::dn_tc_path(&tc));
-    if (ld_zab != 0) {
+    if (ld_z != 0 || ld_ab != 0) {
         if (!tc) return ::lb::set_error(LB_ERR_UNSUPPORTED, "lb_gdn_prefill_ld: strided z/a/b need the tensor-core "
                                                                "DeltaNet path (lb_deltanet_chunked_path() == 1)");
         // the output norm reads z as float4 rows
-        LB_CHECK_ARG(ld_zab >= hv * D && ld_zab % 4 == 0 && reinterpret_cast<uintptr_t>(z) % 16 == 0,
-                     "need ld_zab >= hv*128, a multiple of 4, and z 16-byte aligned");
+        LB_CHECK_ARG(ld_z >= hv * D && ld_z % 4 == 0 && reinterpret_cast<uintptr_t>(z) % 16 == 0 && ld_ab >= hv,
+                     "need ld_z >= hv*128 and a multiple of 4, z 16-byte aligned, ld_ab >= hv");
     }
     if (tc) {
         // the conv, norms, g and beta inside the chunk prep (q and v through the step buffers), the out_norm inside
@@ -209,7 +210,7 @@ static int gdn_prefill(const void* pre, const void* a, const void* b, const void
         cv.conv_w = static_cast<const float*>(conv_w);
         cv.a = static_cast<const float*>(a);
         cv.b = static_cast<const float*>(b);
-        cv.ab_t = ld_zab ? ld_zab : hv;
+        cv.ab_t = ld_ab ? ld_ab : hv;
         cv.ssm_a = static_cast<const float*>(ssm_a);
         cv.dt_bias = static_cast<const float*>(dt_bias);
         cv.q = q;
@@ -218,7 +219,7 @@ static int gdn_prefill(const void* pre, const void* a, const void* b, const void
         out.mode = pf::dn::OUT_Y;
         out.o = static_cast<float*>(y);
         out.z = static_cast<const float*>(z);
-        out.ldz = ld_zab ? ld_zab : hv * D;
+        out.ldz = ld_z ? ld_z : hv * D;
         out.norm = static_cast<const float*>(norm_w);
         out.eps = eps;
         LB_CUDA_TRY((cudaError_t)pf::dn::tc_run(in, &cv, static_cast<float*>(state), false, out, rest, t, hv, s));
@@ -241,15 +242,15 @@ extern "C" LB_API int lb_gdn_prefill(const void* pre, const void* a, const void*
                                      const void* conv_w, const void* ssm_a, const void* dt_bias, const void* norm_w,
                                      void* conv_state, void* state, void* y, void* scratch, int t, int hk, int hv,
                                      float eps, void* stream) {
-    return gdn_prefill(pre, a, b, z, 0, conv_w, ssm_a, dt_bias, norm_w, conv_state, state, y, scratch, t, hk, hv, eps,
-                       stream);
+    return gdn_prefill(pre, a, b, z, 0, 0, conv_w, ssm_a, dt_bias, norm_w, conv_state, state, y, scratch, t, hk, hv,
+                       eps, stream);
 }
 
-extern "C" LB_API int lb_gdn_prefill_ld(const void* pre, const void* a, const void* b, const void* z, int ld_zab,
-                                        const void* conv_w, const void* ssm_a, const void* dt_bias, const void* norm_w,
-                                        void* conv_state, void* state, void* y, void* scratch, int t, int hk, int hv,
-                                        float eps, void* stream) {
-    LB_CHECK_ARG(ld_zab > 0, "need ld_zab > 0 (lb_gdn_prefill takes packed rows)");
-    return gdn_prefill(pre, a, b, z, ld_zab, conv_w, ssm_a, dt_bias, norm_w, conv_state, state, y, scratch, t, hk, hv,
-                       eps, stream);
+extern "C" LB_API int lb_gdn_prefill_ld(const void* pre, const void* a, const void* b, const void* z, int ld_z,
+                                        int ld_ab, const void* conv_w, const void* ssm_a, const void* dt_bias,
+                                        const void* norm_w, void* conv_state, void* state, void* y, void* scratch, int t,
+                                        int hk, int hv, float eps, void* stream) {
+    LB_CHECK_ARG(ld_z > 0 && ld_ab > 0, "need ld_z, ld_ab > 0 (lb_gdn_prefill takes packed rows)");
+    return gdn_prefill(pre, a, b, z, ld_z, ld_ab, conv_w, ssm_a, dt_bias, norm_w, conv_state, state, y, scratch, t, hk,
+                       hv, eps, stream);
 }

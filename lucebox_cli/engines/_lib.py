@@ -203,7 +203,7 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_gdn_chunked": (c_int, [ctypes.c_void_p] * 8 + [c_int] * 3 + [ctypes.c_void_p]),
     "lb_gdn_prefill_scratch_bytes": (c_uint64, [c_int, c_int, c_int]),
     "lb_gdn_prefill": (c_int, [ctypes.c_void_p] * 12 + [c_int] * 3 + [ctypes.c_float, ctypes.c_void_p]),
-    "lb_gdn_prefill_ld": (c_int, [ctypes.c_void_p] * 4 + [c_int] + [ctypes.c_void_p] * 8 + [c_int] * 3
+    "lb_gdn_prefill_ld": (c_int, [ctypes.c_void_p] * 4 + [c_int] * 2 + [ctypes.c_void_p] * 8 + [c_int] * 3
                           + [ctypes.c_float, ctypes.c_void_p]),
     # 27B gated attention (cuda/ops/attn_rope.cu, attn_decode.cu, attn_tree.cu)
     "lb_attn_prep": (c_int, [ctypes.c_void_p, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int] + [ctypes.c_void_p] * 3

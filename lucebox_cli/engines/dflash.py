@@ -212,6 +212,9 @@ class DFlashTargetEngine:
                      # the step graph asks for PDL (the library applies it on sm_90 and newer only)
                      "step_pdl": self.step_pdl and self.use_graphs,
                      "prefill_rows": self.prefill_rows,
+                     # the cuBLAS prefill's DeltaNet input GEMMs (Layers.zab_plan): "off" where lb_gdn_prefill_ld
+                     # cannot run (no library entry, or the fp32 DeltaNet path)
+                     "prefill_zab": self._layers.zab_form if self._layers.gdn_ld else "off",
                      # in every bench row: a run says how it was made
                      "attn_decode": attn_decode_path(self._layers.fused_decode),
                      "q4k_tile": any(e.tiled and e.ggml_type == "Q4_K" for e in entries),

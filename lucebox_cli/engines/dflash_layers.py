@@ -47,6 +47,7 @@ every call of the same (mode, t).
 from __future__ import annotations
 
 import ctypes
+import os
 
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -245,11 +246,15 @@ class Layers:
         # an attention layer's v + q/k) as one lb_gemv_q_pair call where the library has it (q6_q4_pair; one launch
         # unless LUCEBOX_QKV_ZBA=0, which the library reads: two launches then)
         self.gemv_pair = fn is not None and hasattr(fn, "lb_gemv_q_pair")
-        # a cuBLAS prefill's attn_gate | ssm_beta | ssm_alpha as one GEMM whose [t, rows] output lb_gdn_prefill_ld
-        # reads in place (zab_merged): the library has it and the DeltaNet prefill runs on the tensor cores (the fp32
-        # path reads packed rows only)
+        # a cuBLAS prefill's back-to-back DeltaNet input tensors as fewer GEMMs whose [t, rows] outputs
+        # lb_gdn_prefill_ld reads in place (zab_plan): the library has it and the DeltaNet prefill runs on the tensor
+        # cores (the fp32 path reads packed rows only). LUCEBOX_PREFILL_ZAB (read here): "ab" ssm_beta | ssm_alpha as
+        # one GEMM (the default), "all" attn_gate | ssm_beta | ssm_alpha as one, "off" three GEMMs
         self.gdn_ld = (fn is not None and hasattr(fn, "lb_gdn_prefill_ld") and hasattr(fn, "lb_deltanet_chunked_path")
                        and fn.lb_deltanet_chunked_path() == 1)
+        self.zab_form = os.environ.get("LUCEBOX_PREFILL_ZAB", "ab")
+        if self.zab_form not in ("ab", "all", "off"):
+            raise ValueError(f"LUCEBOX_PREFILL_ZAB={self.zab_form!r}: use ab, all or off")
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
@@ -494,14 +499,21 @@ class Layers:
         qkv, z, a, beta_in = regs
         names = (pre + "attn_qkv.weight", pre + "attn_gate.weight", pre + "ssm_beta.weight", pre + "ssm_alpha.weight")
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
-        ld = self.zab_merged(names[1:], p)
-        if ld:
-            # one GEMM of the three back-to-back tensors into [t, ld] rows of [z | beta | alpha] from z's region
-            # (it holds them: the packed regions of the three span at least t * ld floats), read in place
-            self._x16_gemm(names[0], qkv, p.t, 0)
-            self._x16_gemm(names[1], z, p.t, 0, rows=ld)
+        plan = self.zab_plan(names[1:], p)
+        if plan is not None:
+            # fewer GEMMs, each writing [t, rows] rows of back-to-back tensors from its first tensor's region (which
+            # holds them: the packed regions that follow span at least as much), read in place
+            ld_z, ld_ab = plan
             rz, rb = self.m[names[1]].rows, self.m[names[2]].rows
-            self._call("lb_gdn_prefill_ld", qkv, z + (rz + rb) * F32, z + rz * F32, z, ld, *w, L.conv, L.state, b.act,
+            self._x16_gemm(names[0], qkv, p.t, 0)
+            if ld_z > rz:  # "all": z | beta | alpha rows
+                self._x16_gemm(names[1], z, p.t, 0, rows=ld_z)
+                beta_in, a = z + rz * F32, z + (rz + rb) * F32
+            else:  # "ab": z alone, then beta | alpha rows
+                self._x16_gemm(names[1], z, p.t, 0)
+                self._x16_gemm(names[2], beta_in, p.t, 0, rows=ld_ab)
+                a = beta_in + rb * F32
+            self._call("lb_gdn_prefill_ld", qkv, a, beta_in, z, ld_z, ld_ab, *w, L.conv, L.state, b.act,
                        b.gdn_scratch, p.t, cfg.hk, cfg.hv, cfg.eps, self.stream)
             self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
             return
@@ -516,18 +528,22 @@ class Layers:
                           cfg.eps, self.stream)
         self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
 
-    def zab_merged(self, names: tuple[str, ...], p: Pass) -> int:
-        """The summed rows of (attn_gate, ssm_beta, ssm_alpha) where a prefill pass on the cuBLAS path runs them as
-        one GEMM (one dequantization and one cublasGemmEx instead of three of each: the two 48-row ones cost ~20 µs
-        of launches, gaps and narrow GEMMs a layer at pp520, docs/perf.md) and lb_gdn_prefill_ld reads the
-        [t, rows] output; else 0. Needs the three back to back in the arena (one tensor) and rows % 4 == 0 (the
-        output norm's float4 rows)."""
-        if p.mode != "prefill" or not self._cublas(p.t) or not self.gdn_ld:
-            return 0
-        if not (self._adjacent(names[0], names[1]) and self._adjacent(names[1], names[2])):
-            return 0
-        ld = sum(self.m[n].rows for n in names)
-        return ld if ld % 4 == 0 else 0
+    def zab_plan(self, names: tuple[str, ...], p: Pass) -> Optional[tuple[int, int]]:
+        """(ld_z, ld_ab): the row strides of z and of beta / alpha where a prefill pass on the cuBLAS path runs
+        (attn_gate, ssm_beta, ssm_alpha) as fewer GEMMs (zab_form "ab": beta | alpha as one, "all": all three as one)
+        and lb_gdn_prefill_ld reads the outputs in place; else None (three GEMMs). Why: the two 48-row products cost
+        a dequantization, a narrow GEMM and two launch gaps each (~15 µs a layer at pp520, docs/perf.md). Needs the
+        merged tensors back to back in the arena (one tensor), and z's stride % 4 == 0 (the output norm's float4
+        rows)."""
+        if p.mode != "prefill" or not self._cublas(p.t) or not self.gdn_ld or self.zab_form == "off":
+            return None
+        rz, rb, ra = (self.m[n].rows for n in names)
+        if not self._adjacent(names[1], names[2]):
+            return None
+        if self.zab_form == "ab":
+            return rz, rb + ra
+        ld = rz + rb + ra
+        return (ld, ld) if self._adjacent(names[0], names[1]) and ld % 4 == 0 else None
 
     def attention(self, i: int, p: Pass, regs: list[int]) -> None:
         """regs = attention_regions(t)[0], cleared by the norm before."""

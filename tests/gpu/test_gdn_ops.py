@@ -306,20 +306,25 @@ def test_prefill(hk, hv, t):
 
 
 @pytest.mark.parametrize("hk,hv", HEADS, ids=HEAD_IDS)
-@pytest.mark.parametrize("t,pad", [(1, 0), (150, 0), (520, 0), (65, 8)])
-def test_prefill_ld(hk, hv, t, pad):
-    """lb_gdn_prefill_ld: z | beta | alpha in rows of one stride ld = hv*128 + 2*hv (+ pad, NaN-filled), as the
-    engine's one GEMM of attn_gate | ssm_beta | ssm_alpha writes them: y, the state and the conv state bit for bit
-    those of lb_gdn_prefill on packed copies (the same kernels, other strides). On the fp32 path (the child of
-    test_chunked_fp32_path) it refuses with LB_ERR_UNSUPPORTED and writes nothing."""
+@pytest.mark.parametrize("t,pad,form", [(1, 0, "all"), (150, 0, "all"), (520, 0, "all"), (65, 8, "all"),
+                                        (150, 0, "ab"), (520, 0, "ab"), (65, 8, "ab")])
+def test_prefill_ld(hk, hv, t, pad, form):
+    """lb_gdn_prefill_ld on the rows the engine's fewer GEMMs write (Layers.zab_plan): "all" z | beta | alpha in rows
+    of one stride hv*128 + 2*hv (+ pad), "ab" z packed and beta | alpha in rows of 2*hv (+ pad); the pad NaN-filled.
+    y, the state and the conv state bit for bit those of lb_gdn_prefill on packed copies (the same kernels, other
+    strides). On the fp32 path (the child of test_chunked_fp32_path) it refuses with LB_ERR_UNSUPPORTED and writes
+    nothing."""
     from gdn_attn_dev import lib
 
     w, x = weights(hk, hv, 60), layer_inputs(t, hk, hv, 61)
     state = delta_inputs(1, hk, hv, 62)[5]
     c, vd = (2 * hk + hv) * D, hv * D
-    ld = vd + 2 * hv + pad
+    z0 = vd if form == "all" else 0  # where beta starts in the strided rows
+    ld = z0 + 2 * hv + pad
     rows = np.full((t, ld), np.nan, np.float32)
-    rows[:, :vd], rows[:, vd:vd + hv], rows[:, vd + hv:vd + 2 * hv] = x["z"].reshape(t, vd), x["b"], x["a"]
+    if form == "all":
+        rows[:, :vd] = x["z"].reshape(t, vd)
+    rows[:, z0:z0 + hv], rows[:, z0 + hv:z0 + 2 * hv] = x["b"], x["a"]
     with Pool() as p:
         wd = _wdev(p, w)
         outs = []
@@ -329,9 +334,12 @@ def test_prefill_ld(hk, hv, t, pad):
             tail = (wd["conv_w"].ptr, wd["ssm_a"].ptr, wd["dt_bias"].ptr, wd["norm_w"].ptr, conv.ptr, st.ptr, y.ptr,
                     scratch.ptr, t, hk, hv, ctypes.c_float(EPS), None)
             if strided:
-                r = p.of(rows)
-                base = r.ptr.value
-                rc = lib().fn.lb_gdn_prefill_ld(p.of(x["pre"]).ptr, base + 4 * (vd + hv), base + 4 * vd, base, ld,
+                base = p.of(rows).ptr.value
+                if form == "all":
+                    zp, ld_z = base, ld
+                else:
+                    zp, ld_z = p.of(x["z"]).ptr.value, vd
+                rc = lib().fn.lb_gdn_prefill_ld(p.of(x["pre"]).ptr, base + 4 * (z0 + hv), base + 4 * z0, zp, ld_z, ld,
                                                 *tail)
                 if lib().fn.lb_deltanet_chunked_path() == 0:
                     assert rc == 6 and np.isnan(y.get(f32, (t, vd))).all()  # LB_ERR_UNSUPPORTED

@@ -381,14 +381,14 @@ class FakeLib:
     def lb_gdn_prefill(self, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, scratch, t, hk, hv, eps, s):
         self._sequence(gated_delta_chunked, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, t, hk, hv, eps)
 
-    def lb_gdn_prefill_ld(self, pre, a, b, z, ld, conv_w, ssm_a, dt, norm_w, conv, state, y, scratch, t, hk, hv, eps,
-                          s):
-        """lb_gdn_prefill on z / a / b rows of stride ld (the C checks: the tensor-core path, which this fake is,
-        ld >= hv*128, ld % 4 == 0, z 16-byte aligned), through packed copies."""
-        assert ld >= hv * D and ld % 4 == 0 and int(z) % 16 == 0
-        rows = [view(p, np.float32, (t - 1) * ld + w).copy() for p, w in ((z, hv * D), (a, hv), (b, hv))]
-        zz, aa, bb = (np.ascontiguousarray(np.stack([r[i * ld: i * ld + w] for i in range(t)]))
-                      for r, w in zip(rows, (hv * D, hv, hv)))
+    def lb_gdn_prefill_ld(self, pre, a, b, z, ld_z, ld_ab, conv_w, ssm_a, dt, norm_w, conv, state, y, scratch, t, hk,
+                          hv, eps, s):
+        """lb_gdn_prefill on z rows of stride ld_z and a / b rows of stride ld_ab (the C checks: the tensor-core path,
+        which this fake is, ld_z >= hv*128 and % 4 == 0, z 16-byte aligned, ld_ab >= hv), through packed copies."""
+        assert ld_z >= hv * D and ld_z % 4 == 0 and int(z) % 16 == 0 and ld_ab >= hv
+        zz, aa, bb = (np.ascontiguousarray(np.stack([view(p, np.float32, (t - 1) * ld + w)[i * ld: i * ld + w]
+                                                     for i in range(t)]))
+                      for p, ld, w in ((z, ld_z, hv * D), (a, ld_ab, hv), (b, ld_ab, hv)))
         self.lb_gdn_prefill(pre, aa.ctypes.data, bb.ctypes.data, zz.ctypes.data, conv_w, ssm_a, dt, norm_w, conv, state,
                             y, scratch, t, hk, hv, eps, s)
 

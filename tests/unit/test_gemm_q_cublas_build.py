@@ -175,7 +175,7 @@ def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
         # which adds onto x)
         assert len(wide) == cfg.n_layers and {a[5] for a in wide} == {256} and {a[7] for a in wide} == {1}
         assert all(a[9] == gpu._bufs.gemm_scratch_bytes for a in wide)
-        # (this model's 6-row ssm_beta / ssm_alpha are not tiled like its attn_gate, so no zab_merged here: below)
+        # (this model's 6-row ssm_beta / ssm_alpha sit apart in the arena (864 bytes, 256-byte aligned): no zab_plan here)
         want = sum(3 if cfg.is_attention(i) else 4 for i in range(cfg.n_layers)) + 3 * cfg.n_layers
         assert len(x16) == want and {a[5] for a in x16} == {256}
         assert sorted(a[7] for a in x16) == [0] * (want - cfg.n_layers) + [1] * cfg.n_layers
@@ -211,38 +211,50 @@ def gguf_hv16(tmp_path_factory):
     return make_tiny_q4km(tmp_path_factory.mktemp("dflash_cublas_hv16") / "m4", n_layers=4, hv_ratio=8)
 
 
-def test_emulated_zab_merged_matches_three_gemms(gguf_hv16, monkeypatch):
-    """A DeltaNet layer's attn_gate | ssm_beta | ssm_alpha on a 256-row cuBLAS pass: one GEMM of their summed rows
-    read in place by lb_gdn_prefill_ld (Layers.zab_merged) against the three GEMMs + lb_gdn_prefill (gdn_ld off):
-    the same logits up to float rounding, and the CPU engine's. (lb_gdn_prefill_ld itself, bit for bit against
-    lb_gdn_prefill on packed copies: tests/gpu/test_gdn_ops.py.)"""
+@pytest.mark.parametrize("form", ["ab", "all"])
+def test_emulated_zab_plan_matches_three_gemms(gguf_hv16, form, monkeypatch):
+    """A DeltaNet layer's attn_gate, ssm_beta, ssm_alpha on a 256-row cuBLAS pass as fewer GEMMs read in place by
+    lb_gdn_prefill_ld (Layers.zab_plan; LUCEBOX_PREFILL_ZAB=ab: beta | alpha one GEMM, =all: all three one) against
+    three GEMMs + lb_gdn_prefill (=off): the same logits up to float rounding, and the CPU engine's. (lb_gdn_prefill_ld
+    itself, bit for bit against lb_gdn_prefill on packed copies: tests/gpu/test_gdn_ops.py.)"""
     monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
     cfg, weights = load_model_gguf(gguf_hv16)[:2]
     ids = np.random.default_rng(3).integers(0, 4096, 256)
     n_dn = sum(not cfg.is_attention(i) for i in range(cfg.n_layers))
-    ld = cfg.hv * cfg.dv + 2 * cfg.hv
+    vd, ld_all, ld_ab = cfg.hv * cfg.dv, cfg.hv * cfg.dv + 2 * cfg.hv, 2 * cfg.hv
     out = []
-    for merged in (True, False):
+    for f in (form, "off"):
+        monkeypatch.setenv("LUCEBOX_PREFILL_ZAB", f)
         lib = FakeLib(blas=True)
         gpu = DFlashTargetEngine(gguf_hv16, max_context=512, budget=22, lib=lib, card_bytes=8 << 30,
                                  prefill_rows=256)
         try:
-            assert gpu._layers.gdn_ld
-            gpu._layers.gdn_ld = merged
+            assert gpu.info["prefill_zab"] == f
             lib.log = []
             out.append(gpu.prefill(ids))
             log = lib.log
             zab = [a for name, a in log if name == "lb_gdn_prefill_ld"]
-            assert len(zab) == (n_dn if merged else 0) and {a[4] for a in zab} <= {ld}
-            assert ("lb_gdn_prefill" in [n for n, _ in log]) != merged
+            assert ("lb_gdn_prefill" in [n for n, _ in log]) == (f == "off")
             x16 = [a for name, a in log if name == "lb_gemm_q_cublas_x16"]
-            assert len([a for a in x16 if a[2] == ld]) == (n_dn if merged else 0)
-            per_dn = 2 if merged else 4
+            if f == "off":
+                assert not zab
+            else:
+                want = (ld_all, ld_all) if f == "all" else (vd, ld_ab)
+                assert len(zab) == n_dn and {tuple(a[4:6]) for a in zab} == {want}
+                assert len([a for a in x16 if a[2] == (ld_all if f == "all" else ld_ab)]) == n_dn
+            per_dn = {"off": 4, "ab": 3, "all": 2}[f]
             assert len(x16) == sum(3 if cfg.is_attention(i) else per_dn for i in range(cfg.n_layers)) + 3 * cfg.n_layers
         finally:
             gpu.close()
-    # the same weights and math; numpy's float32 GEMM rounds a 2080-row product differently from three narrower ones
-    # (~6e-7 relative per output), which the four random-weight layers amplify to ~3e-4 of the logits
+    # the same weights and math; numpy's float32 GEMM rounds a wider product differently from narrower ones (~6e-7
+    # relative per output), which the four random-weight layers amplify to ~3e-4 of the logits
     assert rel(out[0], out[1]) < 2e-3
     cpu = CPUEngine(cfg, weights, max_context=512)
     assert rel(out[0], cpu.prefill(ids)) < 5e-3
+
+
+def test_zab_form_rejects_a_bad_value(gguf_hv16, monkeypatch):
+    monkeypatch.setenv("LUCEBOX_PREFILL_ZAB", "both")
+    with pytest.raises(ValueError, match="LUCEBOX_PREFILL_ZAB"):
+        DFlashTargetEngine(gguf_hv16, max_context=512, budget=22, lib=FakeLib(blas=True), card_bytes=8 << 30,
+                           prefill_rows=256)
