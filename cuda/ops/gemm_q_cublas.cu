@@ -166,7 +166,8 @@ extern "C" LB_API int lb_gemm_q_cublas_x16_h(int qtype, const void* w, int64_t n
     int st = check_common(__func__, qtype, w, n_rows, k, x16, n, y16, scratch);
     if (st != LB_OK) return st;
     if (accumulate)
-        return lb::set_error(LB_ERR_INVALID_ARG, "%s: accumulate must be 0 (an fp16 Y is written, never read)", __func__);
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: accumulate must be 0 (an fp16 Y is written, never read)",
+                             __func__);
     if ((uintptr_t)y16 & 15) return lb::set_error(LB_ERR_INVALID_ARG, "%s: y16 must be 16-byte aligned", __func__);
     if (scratch_bytes < 2ull * (uint64_t)k)
         return lb::set_error(LB_ERR_INVALID_ARG, "%s: scratch of %llu bytes, need at least one fp16 row (%llu)",

@@ -181,9 +181,10 @@ def cublas_gemm_scratch(cfg: Qwen35Config, rows: int) -> int:
     dequantization and one cublasGemmEx at full size. Sized so whichever LUCEBOX_PREFILL_GU the engine reads (the
     plan does not know it): split uses half the chunk, +178 MB on the H200 that buys nothing there. Only plans with
     a cuBLAS pass (rows >= CUBLAS_MIN_ROWS: the H200's 1024-row passes, never the 3090's 64) carry it. Chunks
-    small enough to stay in L2 (~24 MB: ~2,400 rows at K = 5120) would save most of that traffic, but cuBLAS already drops from 584 to 462 TFLOP/s going from 34816 to
-    6144 rows at M = 520 (H200), and a ~2,400-row GEMM fills fewer tiles still: an estimate, not measured, that
-    the loss matches the saving; lb_gemm_q_cublas takes any chunk the scratch holds, so it can be measured."""
+    small enough to stay in L2 (~24 MB: ~2,400 rows at K = 5120) would save most of that traffic, but cuBLAS already
+    drops from 584 to 462 TFLOP/s going from 34816 to 6144 rows at M = 520 (H200), and a ~2,400-row GEMM fills fewer
+    tiles still: an estimate, not measured, that the loss matches the saving; lb_gemm_q_cublas takes any chunk the
+    scratch holds, so it can be measured."""
     ks = (cfg.hidden, cfg.ffn, cfg.hv * cfg.dv, cfg.n_heads * cfg.head_dim)
     mats = (2 * cfg.ffn * cfg.hidden, cfg.conv_channels * cfg.hidden, 2 * cfg.n_heads * cfg.head_dim * cfg.hidden,
             cfg.hidden * cfg.hv * cfg.dv, cfg.hidden * cfg.n_heads * cfg.head_dim)

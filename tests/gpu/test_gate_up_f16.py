@@ -181,7 +181,8 @@ def test_engine_prefill_merged16_vs_split(tile, monkeypatch):
             gpu.close()
     cfg, weights = cpu_weights(4)
     lc = CPUEngine(cfg, weights, max_context=512).prefill(ids)
-    assert rel(out["merged16"], out["split"]) < 1e-3, f"merged16 vs split: rel RMS {rel(out['merged16'], out['split']):.3g}"
+    err = rel(out["merged16"], out["split"])
+    assert err < 1e-3, f"merged16 vs split: rel RMS {err:.3g}"
     assert rel(out["merged16"], lc) < TOL
 
 

@@ -27,7 +27,8 @@ from lucebox_cli.models.qwen35_gguf import load_model_gguf
 
 API = ["lb_dequant_f16", "lb_blas_ready", "lb_gemm_q_cublas_scratch_bytes", "lb_gemm_q_cublas", "lb_gemm_f16w_cublas",
        "lb_cublas_set_sm_target", "lb_gemm_q_cublas_x16_h", "lb_df_swiglu_f16_rows"]
-SOURCES = ["cuda/ops/dequant_f16.cu", "cuda/ops/gemm_q_cublas.cu", "cuda/core/cublas_gemm.cu", "cuda/dflash/df_small.cu"]
+SOURCES = ["cuda/ops/dequant_f16.cu", "cuda/ops/gemm_q_cublas.cu", "cuda/core/cublas_gemm.cu",
+           "cuda/dflash/df_small.cu"]
 Q4_K = 12
 
 
