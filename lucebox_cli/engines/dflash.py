@@ -213,8 +213,9 @@ class DFlashTargetEngine:
         self.info = {"weight_bytes": arena_bytes(entries), "plan_bytes": self.plan.total, "budget": self.budget,
                      "max_context": self.max_context, "upload_s": round(self.load_s, 2),
                      "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
-                     # the cuBLAS path's gate + up: "split" | "merged16" (None: no cuBLAS pass)
-                     "prefill_gu": self.prefill_gu if self.prefill_gemm == "cublas" else None,
+                     # the cuBLAS path's gate + up as run: "split" | "merged16" (merged16 asked for but some layer's
+                     # gate / up not one tensor: "merged16-partial"; None: no cuBLAS pass)
+                     "prefill_gu": self._gu_info() if self.prefill_gemm == "cublas" else None,
                      # the step graph asks for PDL (the library applies it on sm_90 and newer only)
                      "step_pdl": self.step_pdl and self.use_graphs,
                      "prefill_rows": self.prefill_rows,
@@ -224,6 +225,15 @@ class DFlashTargetEngine:
                      "q6k_tile": any(e.tiled and e.ggml_type == "Q6_K" for e in entries)}
         self.last_verify_ms: Optional[float] = None
         self.reset()
+
+    def _gu_info(self) -> str:
+        """info["prefill_gu"]: the mode LUCEBOX_PREFILL_GU asked for, as the layers will run it."""
+        if self.prefill_gu != "merged16":
+            return self.prefill_gu
+        L = self._layers
+        merged = [L._gu_merged((f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"))
+                  for i in range(self.cfg.n_layers)]
+        return "merged16" if all(merged) else "merged16-partial" if any(merged) else "split"
 
     # -- setup --
 
