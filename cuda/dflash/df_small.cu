@@ -103,15 +103,56 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float* __re
     for (int i = threadIdx.x; i < n; i += NORM_THREADS) put(yr, i, xr[i] * r * w[i]);
 }
 
-// y = SiLU(g) * u elementwise; the sigmoid in its tanh form, as the CPU engine computes it.
+// SiLU(g) * u in fp32; the sigmoid in its tanh form, as the CPU engine computes it. One function for every SwiGLU
+// kernel, so that the fp16-input form (swiglu_rows_kernel) gives the same bits as the fp32 one on the same values.
+__device__ __forceinline__ float swiglu1(float a, float u) { return a * (0.5f * (1.0f + tanhf(0.5f * a))) * u; }
+
+// y = SiLU(g) * u elementwise.
 template <typename T>
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, T* __restrict__ y,
                               int64_t count) {
     lb::pdl_trigger();
     lb::pdl_wait();
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-        const float a = g[i];
-        put(y + i, 0, a * (0.5f * (1.0f + tanhf(0.5f * a))) * u[i]);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+        put(y + i, 0, swiglu1(g[i], u[i]));
+}
+
+// y16[r, j] = fp16(SiLU(gu[r, j]) * gu[r, ffn + j]) over t rows: gu fp16 [t, 2·ffn], each row [gate | up] (the merged
+// gate + up GEMM's output, lb_gemm_q_cublas_x16_h), y16 fp16 [t, ffn]. The math is lb_df_swiglu_f16's in fp32 on the
+// fp16 inputs. fp16's range: a gate or up value beyond ±65504 is already inf in gu (the GEMM's epilogue), and the
+// product is rounded to fp16 as lb_df_swiglu_f16 rounds it: this path assumes what the fp16 down-GEMM input
+// already assumed, that the FFN's activations stay well inside fp16.
+// vec: ffn % 8 == 0 and 16-byte aligned gu / y16: one thread per 8 outputs, two 16-byte loads (gate, up) and one
+// 16-byte store; else one thread per output.
+__global__ void swiglu_rows_kernel(const __half* __restrict__ gu, __half* __restrict__ y, int64_t t, int64_t ffn,
+                                   bool vec) {
+    lb::pdl_trigger();
+    lb::pdl_wait();
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    if (vec) {
+        const int64_t f8 = ffn / 8, count8 = t * f8;
+        for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count8; i += stride) {
+            const int64_t r = i / f8, c = i - r * f8;
+            const uint4* row = reinterpret_cast<const uint4*>(gu + r * 2 * ffn);
+            const uint4 gv = __ldg(row + c), uv = __ldg(row + f8 + c);
+            const __half2* g2 = reinterpret_cast<const __half2*>(&gv);
+            const __half2* u2 = reinterpret_cast<const __half2*>(&uv);
+            uint4 out;
+            uint32_t* o = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 gf = __half22float2(g2[j]), uf = __half22float2(u2[j]);
+                const __half2 h = __floats2half2_rn(swiglu1(gf.x, uf.x), swiglu1(gf.y, uf.y));
+                o[j] = *reinterpret_cast<const uint32_t*>(&h);
+            }
+            reinterpret_cast<uint4*>(y)[i] = out;
+        }
+        return;
+    }
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < t * ffn; i += stride) {
+        const int64_t r = i / ffn, c = i - r * ffn;
+        const __half* row = gu + r * 2 * ffn;
+        y[i] = __float2half_rn(swiglu1(__half2float(row[c]), __half2float(row[ffn + c])));
     }
 }
 
@@ -201,6 +242,19 @@ extern "C" LB_API int lb_df_swiglu_f16(const void* g, const void* u, void* y16, 
     LB_CHECK_ARG(g && u && y16, "null pointer");
     LB_CHECK_ARG(count >= 1, "count is 0");
     return swiglu_launch<__half>(g, u, y16, count, stream);
+}
+
+extern "C" LB_API int lb_df_swiglu_f16_rows(const void* gu16, void* y16, int t, int ffn, void* stream) {
+    LB_CHECK_ARG(gu16 && y16, "null pointer");
+    LB_CHECK_ARG(t >= 1 && ffn >= 1, "need t >= 1 rows of ffn >= 1");
+    const bool vec = ffn % 8 == 0 && aligned16(gu16) && aligned16(y16);
+    const int64_t units = vec ? (int64_t)t * (ffn / 8) : (int64_t)t * ffn;
+    const int64_t blocks = lb::ceil_div(units, 256);
+    const unsigned grid = (unsigned)(blocks < 4096 ? blocks : 4096);  // grid-stride beyond
+    LB_CUDA_TRY(lb::launch_pdl(swiglu_rows_kernel, dim3(grid), dim3(256), 0, static_cast<cudaStream_t>(stream),
+                               static_cast<const __half*>(gu16), static_cast<__half*>(y16), (int64_t)t, (int64_t)ffn,
+                               vec));
+    return LB_OK;
 }
 
 extern "C" LB_API int lb_df_copy(void* dst, const void* src, uint64_t nbytes, void* stream) {

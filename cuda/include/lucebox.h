@@ -261,6 +261,11 @@ LB_API int lb_f32_to_f16(const float* x, int64_t count, void* out, void* stream)
  * least 2·k bytes, rows as it holds. */
 LB_API int lb_gemm_q_cublas_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n, float* y,
                                 int accumulate, void* scratch, uint64_t scratch_bytes, void* stream);
+/* lb_gemm_q_cublas_x16 with an fp16 Y: y16 [n, n_rows] token-major (16-byte aligned), cuBLAS's fp32 accumulator
+ * rounded to fp16 by its epilogue. accumulate must be 0 (LB_ERR_INVALID_ARG otherwise: an fp16 Y is only written).
+ * The 27B prefill's gate + up as one GEMM over both tensors, read by lb_df_swiglu_f16_rows. */
+LB_API int lb_gemm_q_cublas_x16_h(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n, void* y16,
+                                  int accumulate, void* scratch, uint64_t scratch_bytes, void* stream);
 /* Y[n, n_rows] (+)= X16[n, k] · W16[n_rows, k]^T, W16 fp16 already (an lb_dequant_f16 output), on cuBLAS. */
 LB_API int lb_gemm_f16w_cublas(const void* w16, int64_t n_rows, int k, const void* x16, int n, float* y,
                                int accumulate, void* stream);
@@ -581,6 +586,10 @@ LB_API int lb_df_swiglu(const void* g, const void* u, void* y, uint64_t count, v
  * op followed by lb_f32_to_f16, for the GEMMs of a cuBLAS pass (lb_gemm_q_cublas_x16). */
 LB_API int lb_df_rmsnorm_f16(const void* x, const void* w, void* y16, int t, int n, float eps, void* stream);
 LB_API int lb_df_swiglu_f16(const void* g, const void* u, void* y16, uint64_t count, void* stream);
+/* y16[r, j] = SiLU(gu16[r, j]) * gu16[r, ffn + j] for t rows: gu16 fp16 [t, 2·ffn] (rows of [gate | up], an
+ * lb_gemm_q_cublas_x16_h output), y16 fp16 [t, ffn]; fp32 math and rounding as lb_df_swiglu_f16 (the same bits on
+ * the same values). */
+LB_API int lb_df_swiglu_f16_rows(const void* gu16, void* y16, int t, int ffn, void* stream);
 /* Stream-ordered device-to-device copy of nbytes. */
 LB_API int lb_df_copy(void* dst, const void* src, uint64_t nbytes, void* stream);
 /* Commit of a verify's K or V rows: cache [heads, max_ctx, row] of 16-bit words, row n_past + j <-

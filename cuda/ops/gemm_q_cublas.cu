@@ -63,18 +63,20 @@ extern "C" LB_API uint64_t lb_gemm_q_cublas_scratch_bytes(int n, int k, int64_t 
 namespace {
 
 // Y[n, rows] (+)= X16[n, k] · W16[rows, k]ᵀ on cuBLAS, W16 fp16 row-major with ld k and Y with ld ldy (the whole
-// matrix's rows when W16 is a row chunk of it).
-int gemm_f16w(const void* w16, int rows, int k, const void* x16, int n, float* y, int ldy, int accumulate,
+// matrix's rows when W16 is a row chunk of it). y_type: kR32F (fp32 Y) or kR16F (fp16 Y: cuBLAS's epilogue rounds
+// the fp32 accumulator to fp16).
+int gemm_f16w(const void* w16, int rows, int k, const void* x16, int n, void* y, int y_type, int ldy, int accumulate,
               cudaStream_t s) {
     return lb::blas::gemm_ex(lb::blas::kOpT, lb::blas::kOpN, rows, n, k, 1.0f, w16, lb::blas::kR16F, k, x16,
-                             lb::blas::kR16F, k, accumulate ? 1.0f : 0.0f, y, lb::blas::kR32F, ldy, s);
+                             lb::blas::kR16F, k, accumulate ? 1.0f : 0.0f, y, y_type, ldy, s);
 }
 
 // The shared body: x16 fp16 [n, k] (converted by the caller), W dequantized chunk by chunk into w16 (w16_bytes,
-// at least one row), one cublasGemmEx per chunk.
-int gemm_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n, float* y, int accumulate,
-             void* w16, uint64_t w16_bytes, cudaStream_t s) {
+// at least one row), one cublasGemmEx per chunk; Y of y_type (fp32 or fp16), a chunk of rows [r0, ..) at y + r0.
+int gemm_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n, void* y, int y_type,
+             int accumulate, void* w16, uint64_t w16_bytes, cudaStream_t s) {
     const uint64_t row_bytes = 2ull * (uint64_t)k;
+    const int64_t y_elem = y_type == lb::blas::kR16F ? 2 : 4;
     int64_t chunk = (int64_t)(w16_bytes / row_bytes);
     if (chunk < n_rows) chunk = chunk >= kChunkAlign ? chunk / kChunkAlign * kChunkAlign : chunk;
     else chunk = n_rows;
@@ -82,7 +84,8 @@ int gemm_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, i
         const int64_t rc = n_rows - r0 < chunk ? n_rows - r0 : chunk;
         int st = lb::dequant_f16_launch(qtype, w, n_rows, k, r0, rc, w16, s);
         if (st != LB_OK) return st;
-        st = gemm_f16w(w16, (int)rc, k, x16, n, y + r0, (int)n_rows, accumulate, s);
+        st = gemm_f16w(w16, (int)rc, k, x16, n, static_cast<uint8_t*>(y) + r0 * y_elem, y_type, (int)n_rows,
+                       accumulate, s);
         if (st != LB_OK) return st;
     }
     return LB_OK;
@@ -98,7 +101,7 @@ cudaError_t to_f16_launch(const float* x, int64_t count, void* out, cudaStream_t
 
 // Checks common to both entry points (the weights, the shapes, the scratch), before any CUDA work.
 int check_common(const char* fn, int qtype, const void* w, int64_t n_rows, int k, const void* x, int n,
-                 const float* y, const void* scratch) {
+                 const void* y, const void* scratch) {
     int st = lb::dequant_f16_check(fn, qtype, w, n_rows, k);
     if (st != LB_OK) return st;
     if (n_rows > INT_MAX) return lb::set_error(LB_ERR_INVALID_ARG, "%s: n_rows must fit an int (cuBLAS's m and ldc)", fn);
@@ -130,7 +133,7 @@ extern "C" LB_API int lb_gemm_q_cublas(int qtype, const void* w, int64_t n_rows,
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     uint8_t* base = static_cast<uint8_t*>(scratch);
     LB_CUDA_TRY(to_f16_launch(x, (int64_t)n * k, base, s));
-    return gemm_x16(qtype, w, n_rows, k, base, n, y, accumulate, base + xb, scratch_bytes - xb, s);
+    return gemm_x16(qtype, w, n_rows, k, base, n, y, lb::blas::kR32F, accumulate, base + xb, scratch_bytes - xb, s);
 }
 
 extern "C" LB_API int lb_f32_to_f16(const float* x, int64_t count, void* out, void* stream) {
@@ -149,7 +152,28 @@ extern "C" LB_API int lb_gemm_q_cublas_x16(int qtype, const void* w, int64_t n_r
         return lb::set_error(LB_ERR_INVALID_ARG, "%s: scratch of %llu bytes, need at least one fp16 row (%llu)",
                              __func__, (unsigned long long)scratch_bytes, 2ull * (unsigned long long)k);
     if (!lb::blas::ready()) return not_loaded(__func__);
-    return gemm_x16(qtype, w, n_rows, k, x16, n, y, accumulate, scratch, scratch_bytes,
+    return gemm_x16(qtype, w, n_rows, k, x16, n, y, lb::blas::kR32F, accumulate, scratch, scratch_bytes,
+                    static_cast<cudaStream_t>(stream));
+}
+
+// lb_gemm_q_cublas_x16 with an fp16 Y (cuBLAS's C in CUDA_R_16F; fp32 compute, rounded to fp16 by its epilogue) and
+// no accumulate: the 27B prefill's gate + up (one tensor of 2·ffn rows where the arena has them back to back) write
+// [t, 2·ffn] fp16 that lb_df_swiglu_f16_rows reads, half the bytes of the fp32 Y both ways. Why no accumulate: beta
+// = 1 would read an fp16 C and round the sum once more, a different product from every other form; nothing needs it.
+extern "C" LB_API int lb_gemm_q_cublas_x16_h(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n,
+                                             void* y16, int accumulate, void* scratch, uint64_t scratch_bytes,
+                                             void* stream) {
+    int st = check_common(__func__, qtype, w, n_rows, k, x16, n, y16, scratch);
+    if (st != LB_OK) return st;
+    if (accumulate)
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: accumulate must be 0 (an fp16 Y is written, never read)",
+                             __func__);
+    if ((uintptr_t)y16 & 15) return lb::set_error(LB_ERR_INVALID_ARG, "%s: y16 must be 16-byte aligned", __func__);
+    if (scratch_bytes < 2ull * (uint64_t)k)
+        return lb::set_error(LB_ERR_INVALID_ARG, "%s: scratch of %llu bytes, need at least one fp16 row (%llu)",
+                             __func__, (unsigned long long)scratch_bytes, 2ull * (unsigned long long)k);
+    if (!lb::blas::ready()) return not_loaded(__func__);
+    return gemm_x16(qtype, w, n_rows, k, x16, n, y16, lb::blas::kR16F, 0, scratch, scratch_bytes,
                     static_cast<cudaStream_t>(stream));
 }
 
@@ -161,7 +185,8 @@ extern "C" LB_API int lb_gemm_f16w_cublas(const void* w16, int64_t n_rows, int k
     LB_CHECK_ARG(w16 && x16 && y && n_rows >= 1 && n_rows <= INT_MAX && k >= 1 && n >= 1,
                  "need w16, x16, y, 1 <= n_rows <= INT_MAX, k >= 1, n >= 1");
     if (!lb::blas::ready()) return not_loaded(__func__);
-    return gemm_f16w(w16, (int)n_rows, k, x16, n, y, (int)n_rows, accumulate, static_cast<cudaStream_t>(stream));
+    return gemm_f16w(w16, (int)n_rows, k, x16, n, y, lb::blas::kR32F, (int)n_rows, accumulate,
+                     static_cast<cudaStream_t>(stream));
 }
 
 // The SMs cuBLAS sizes its GEMMs for on the current device (0 = all; cublasSetSmCountTarget): room for a side

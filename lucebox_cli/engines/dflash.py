@@ -41,7 +41,9 @@ prefill's knob too): "own" runs them 64 columns at a time through the small-N qu
 profile's run.prefill_rows; "cublas" runs products of at least memory_plan.CUBLAS_MIN_ROWS columns through
 lb_gemm_q_cublas (weights dequantized to fp16, then cublasGemmEx) in passes of run.prefill_rows_cublas, with
 its scratch in the memory plan; narrower passes (a prompt's tail), verifies and decode steps stay on small-N.
-auto is cublas when the library's cuBLAS is loaded (_lib.cublas_ready), else own.
+auto is cublas when the library's cuBLAS is loaded (_lib.cublas_ready), else own. On that path the FFN's gate + up
+run as two fp32-output GEMMs (LUCEBOX_PREFILL_GU=split, the default) or as one fp16-output GEMM over both
+(merged16; dflash_layers.prefill_gu_mode, read at creation, info "prefill_gu").
 
 What is not built yet, said rather than hidden: logits come back to
 the host for every row a sampling (T > 0) caller needs, captured tap features are kept on the host (`features`,
@@ -64,7 +66,7 @@ import numpy as np
 
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult, check_room, checked_path, checked_tokens
-from lucebox_cli.engines.dflash_layers import AttnLayer, Buffers, GdnLayer, Layers, Mat, Pass
+from lucebox_cli.engines.dflash_layers import AttnLayer, Buffers, GdnLayer, Layers, Mat, Pass, prefill_gu_mode
 from lucebox_cli.engines.dflash_upload import QTYPE_IDS, EmbeddingRows, Entry, arena_bytes, device_bytes, upload_plan
 from lucebox_cli.engines.gdn_tree_plan import save_plan
 from lucebox_cli.errors import EngineUnavailable, LuceboxError, UsageError
@@ -194,12 +196,14 @@ class DFlashTargetEngine:
         self._ring = 0
         self._emb_dev: Optional[Mat] = None
         self._use_graphs, self._graph_ready, self._card = False, False, card
+        self.prefill_gu = prefill_gu_mode()  # before any upload: a bad value fails at once
         self.step_pdl = step_pdl_default()  # read before the first capture (the step graph's)
         try:
             mats, vecs = self._upload(entries)
             self._bufs = self._carve(mats)
             self._stream = self._new_stream()
             self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context, self._stream)
+            self._layers.prefill_gu = self.prefill_gu
             self._tied_emb = mats.get("token_embd.weight")
             self.use_graphs = graphs_default() and self._graphs_supported()
         except BaseException:
@@ -209,6 +213,9 @@ class DFlashTargetEngine:
         self.info = {"weight_bytes": arena_bytes(entries), "plan_bytes": self.plan.total, "budget": self.budget,
                      "max_context": self.max_context, "upload_s": round(self.load_s, 2),
                      "cuda_graphs": self.use_graphs, "prefill_gemm": self.prefill_gemm,
+                     # the cuBLAS path's gate + up as run: "split" | "merged16" (merged16 asked for but some layer's
+                     # gate / up not one tensor: "merged16-partial"; None: no cuBLAS pass)
+                     "prefill_gu": self._gu_info() if self.prefill_gemm == "cublas" else None,
                      # the step graph asks for PDL (the library applies it on sm_90 and newer only)
                      "step_pdl": self.step_pdl and self.use_graphs,
                      "prefill_rows": self.prefill_rows,
@@ -221,6 +228,15 @@ class DFlashTargetEngine:
                      "q6k_tile": any(e.tiled and e.ggml_type == "Q6_K" for e in entries)}
         self.last_verify_ms: Optional[float] = None
         self.reset()
+
+    def _gu_info(self) -> str:
+        """info["prefill_gu"]: the mode LUCEBOX_PREFILL_GU asked for, as the layers will run it."""
+        if self.prefill_gu != "merged16":
+            return self.prefill_gu
+        L = self._layers
+        merged = [L._gu_merged((f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"))
+                  for i in range(self.cfg.n_layers)]
+        return "merged16" if all(merged) else "merged16-partial" if any(merged) else "split"
 
     # -- setup --
 

@@ -485,13 +485,46 @@ class Layers:
         """regs = mlp_regions(t)[0], cleared by the norm before."""
         b, pre, ffn = self.b, f"blk.{i}.", self.cfg.ffn
         gate, up = regs
-        self.matmuls((pre + "ffn_gate.weight", pre + "ffn_up.weight"), b.h, [gate, up], t)
+        names = (pre + "ffn_gate.weight", pre + "ffn_up.weight")
         if self._cublas(t):  # the down GEMM's input straight in fp16 (no fp32 act round trip, no conversion)
-            self._call("lb_df_swiglu_f16", gate, up, b.gemm_scratch, t * ffn, self.stream)
+            if self._gu_merged(names):
+                self._gu_merged16(names, gate, t)
+            else:
+                self.matmuls(names, b.h, [gate, up], t)
+                self._call("lb_df_swiglu_f16", gate, up, b.gemm_scratch, t * ffn, self.stream)
             self._x16_gemm(pre + "ffn_down.weight", b.x, t, 1)
             return
+        self.matmuls(names, b.h, [gate, up], t)
         self._call("lb_df_swiglu", gate, up, b.act, t * ffn, self.stream)
         self.matmul(pre + "ffn_down.weight", b.act, b.x, t)
+
+    # How a cuBLAS pass runs the FFN's gate + up (engines/dflash.py sets it at creation from LUCEBOX_PREFILL_GU,
+    # prefill_gu_mode): "split", one fp32-output GEMM per matrix and lb_df_swiglu_f16 over the two; "merged16", where
+    # _gu_merged allows, one fp16-output GEMM over both (lb_gemm_q_cublas_x16_h) and lb_df_swiglu_f16_rows.
+    prefill_gu: str = "split"
+
+    def _gu_merged(self, names: tuple[str, str]) -> bool:
+        """Whether a cuBLAS pass's gate + up run as one fp16-output GEMM: the knob says merged16, the library has both
+        entry points, and the two matrices are one tensor of 2·ffn rows (back to back, same Q4_K/Q5_K type and K:
+        _adjacent) of ffn rows each."""
+        fn = getattr(self.lib, "fn", None)
+        if self.prefill_gu != "merged16" or fn is None or not hasattr(fn, "lb_gemm_q_cublas_x16_h") or not hasattr(
+                fn, "lb_df_swiglu_f16_rows"):
+            return False
+        g, u = self.m[names[0]], self.m[names[1]]
+        return g.rows == u.rows == self.cfg.ffn and self._adjacent(*names)
+
+    def _gu_merged16(self, names: tuple[str, str], out: int, t: int) -> None:
+        """gate + up as one GEMM with an fp16 output [t, 2·ffn] (rows of [gate | up]) at `out` (the gate region's
+        start: its t·ffn fp32 hold the t·2·ffn fp16), then SwiGLU from it to the down GEMM's fp16 input at the
+        scratch's start. Why: the split path writes both outputs in fp32 and the SwiGLU reads them back (2 x 36 MB
+        each way per layer at pp520), in two GEMMs of ffn rows where one of 2·ffn runs at a higher rate."""
+        g, b, ffn = self.m[names[0]], self.b, self.cfg.ffn
+        xb = _align(2 * t * g.k, 256)  # x16 (the norm's fp16 output) at the scratch's start, weight chunks after it
+        self._call("lb_gemm_q_cublas_x16_h", g.qtype, g.ptr, 2 * ffn, g.k, b.gemm_scratch, t, out, 0,
+                   b.gemm_scratch + xb, b.gemm_scratch_bytes - xb, self.stream)
+        # x16 is dead once the GEMM has read it (stream order): h16 overwrites it, where _x16_gemm reads its input
+        self._call("lb_df_swiglu_f16_rows", out, b.gemm_scratch, t, ffn, self.stream)
 
     def deltanet(self, i: int, p: Pass, regs: list[int]) -> None:
         """regs = deltanet_regions(i, p)[0], cleared by the norm before."""
@@ -654,3 +687,20 @@ class Layers:
             for cache in (L.kc, L.vc):
                 self._call("lb_df_kv_compact", cache, b.path, n, n_past, cfg.n_kv_heads, self.max_ctx,
                            cfg.head_dim, self.stream)
+
+
+PREFILL_GU_ENV = "LUCEBOX_PREFILL_GU"
+PREFILL_GU_MODES = ("split", "merged16")
+
+
+def prefill_gu_mode(env: Optional[dict] = None) -> str:
+    """LUCEBOX_PREFILL_GU (read once, at engine creation): "split" (default until measured on the H200: the two
+    fp32-output GEMMs and lb_df_swiglu_f16) or "merged16" (Layers._gu_merged16). Anything else is a UsageError."""
+    import os
+
+    from lucebox_cli.errors import UsageError
+
+    v = (os.environ if env is None else env).get(PREFILL_GU_ENV, "split").strip().lower() or "split"
+    if v not in PREFILL_GU_MODES:
+        raise UsageError(f"{PREFILL_GU_ENV}={v!r}: expected one of {', '.join(PREFILL_GU_MODES)}")
+    return v

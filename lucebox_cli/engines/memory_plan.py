@@ -176,13 +176,17 @@ def cublas_scratch(n: int, k: int, chunk_rows: int) -> int:
 
 def cublas_gemm_scratch(cfg: Qwen35Config, rows: int) -> int:
     """The engine's lb_gemm_q_cublas scratch for passes of `rows` rows: x at the widest K (ffn_down's) and a
-    chunk that holds the largest layer matrix whole (the FFN's, 178 MB fp16 on the 27B), so every product is
-    one dequantization and one cublasGemmEx at full size. Chunks small enough to stay in L2 (~24 MB: ~2,400 rows at
-    K = 5120) would save most of that traffic, but cuBLAS already drops from 584 to 462 TFLOP/s going from 34816 to
-    6144 rows at M = 520 (H200), and a ~2,400-row GEMM fills fewer tiles still: an estimate, not measured, that
-    the loss matches the saving; lb_gemm_q_cublas takes any chunk the scratch holds, so it can be measured."""
+    chunk that holds the largest layer product whole: the FFN's gate + up as one tensor of 2·ffn rows
+    (LUCEBOX_PREFILL_GU=merged16, lb_gemm_q_cublas_x16_h; 356 MB fp16 on the 27B), so every product is one
+    dequantization and one cublasGemmEx at full size. Sized so whichever LUCEBOX_PREFILL_GU the engine reads (the
+    plan does not know it): split uses half the chunk, +178 MB on the H200 that buys nothing there. Only plans with
+    a cuBLAS pass (rows >= CUBLAS_MIN_ROWS: the H200's 1024-row passes, never the 3090's 64) carry it. Chunks
+    small enough to stay in L2 (~24 MB: ~2,400 rows at K = 5120) would save most of that traffic, but cuBLAS already
+    drops from 584 to 462 TFLOP/s going from 34816 to 6144 rows at M = 520 (H200), and a ~2,400-row GEMM fills fewer
+    tiles still: an estimate, not measured, that the loss matches the saving; lb_gemm_q_cublas takes any chunk the
+    scratch holds, so it can be measured."""
     ks = (cfg.hidden, cfg.ffn, cfg.hv * cfg.dv, cfg.n_heads * cfg.head_dim)
-    mats = (cfg.ffn * cfg.hidden, cfg.conv_channels * cfg.hidden, 2 * cfg.n_heads * cfg.head_dim * cfg.hidden,
+    mats = (2 * cfg.ffn * cfg.hidden, cfg.conv_channels * cfg.hidden, 2 * cfg.n_heads * cfg.head_dim * cfg.hidden,
             cfg.hidden * cfg.hv * cfg.dv, cfg.hidden * cfg.n_heads * cfg.head_dim)
     return _al(2 * rows * max(ks)) + _al(2 * max(mats))
 

@@ -74,7 +74,7 @@ _GRAPH_API = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb
 _FUSED_API = frozenset({"lb_attn_decode_fused", "lb_attn_decode_fused_at"})
 # what a FakeLib(blas=False) lacks: the cuBLAS prefill GEMM (a library whose lb::blas is ready offers all three)
 _BLAS_API = frozenset({"lb_blas_ready", "lb_gemm_q_cublas", "lb_gemm_q_cublas_scratch_bytes", "lb_f32_to_f16",
-                       "lb_gemm_q_cublas_x16"})
+                       "lb_gemm_q_cublas_x16", "lb_gemm_q_cublas_x16_h"})
 # not recorded into a capture: graph control, events, host memory and size queries run at once
 _OUTSIDE_CAPTURE = frozenset({"lb_graph_begin", "lb_graph_end", "lb_graph_launch", "lb_graph_destroy", "lb_event_create",
                               "lb_event_record", "lb_event_query", "lb_event_sync", "lb_event_destroy", "lb_host_alloc",
@@ -274,6 +274,15 @@ class FakeLib:
         self._product(qtype, w, rows, k, x.ctypes.data, n, y, acc)
         ctypes.memset(int(scratch), 0xFF, int(scratch_bytes))
 
+    def lb_gemm_q_cublas_x16_h(self, qtype, w, rows, k, x16, n, y16, acc, scratch, scratch_bytes, stream):
+        """lb_gemm_q_cublas_x16 with an fp16 y16 [n, rows]: the fp32 product rounded to fp16 (RN, as cuBLAS's epilogue
+        rounds its fp32 accumulator); accumulate must be 0, y16 16-byte aligned (the C op's checks)."""
+        assert acc == 0 and not int(y16) % 16 and n >= 1 and k % 256 == 0 and scratch_bytes >= 2 * k
+        x = view(x16, np.float16, n * k).astype(np.float32).reshape(n, k)
+        res = x @ self._w(qtype, w, rows, k).T
+        view(y16, np.float16, n * rows)[:] = res.astype(np.float32).reshape(-1).astype(np.float16)
+        ctypes.memset(int(scratch), 0xFF, int(scratch_bytes))
+
     def _product(self, qtype, w, rows, k, x, n, y, acc):
         W = self._w(qtype, w, rows, k)
         out = view(y, np.float32, n * rows).reshape(n, rows)
@@ -306,6 +315,13 @@ class FakeLib:
     def lb_df_swiglu_f16(self, g, u, y16, count, stream):
         y = _silu(view(g, np.float32, count)) * view(u, np.float32, count)
         view(y16, np.float16, count)[:] = y.astype(np.float32).astype(np.float16)
+
+    def lb_df_swiglu_f16_rows(self, gu16, y16, t, ffn, stream):
+        """lb_df_swiglu_f16 on rows of [gate | up] fp16 (lb_gemm_q_cublas_x16_h's output): the same math on the fp16
+        values taken to fp32, so the same bits as lb_df_swiglu_f16 on those values."""
+        gu = view(gu16, np.float16, t * 2 * ffn).reshape(t, 2 * ffn).astype(np.float32)
+        y = _silu(gu[:, :ffn]) * gu[:, ffn:]
+        view(y16, np.float16, t * ffn)[:] = y.astype(np.float32).reshape(-1).astype(np.float16)
 
     def lb_df_copy(self, dst, src, n, stream):
         ctypes.memmove(int(dst), int(src), int(n))

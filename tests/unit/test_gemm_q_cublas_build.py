@@ -21,12 +21,14 @@ from lucebox_cli.engines import _lib
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.engines.cpu import CPUEngine
 from lucebox_cli.engines.dflash import DFlashTargetEngine, prefill_gemm_path
+from lucebox_cli.engines.dflash_layers import prefill_gu_mode
 from lucebox_cli.errors import EngineUnavailable, UsageError
 from lucebox_cli.models.qwen35_gguf import load_model_gguf
 
 API = ["lb_dequant_f16", "lb_blas_ready", "lb_gemm_q_cublas_scratch_bytes", "lb_gemm_q_cublas", "lb_gemm_f16w_cublas",
-       "lb_cublas_set_sm_target"]
-SOURCES = ["cuda/ops/dequant_f16.cu", "cuda/ops/gemm_q_cublas.cu", "cuda/core/cublas_gemm.cu"]
+       "lb_cublas_set_sm_target", "lb_gemm_q_cublas_x16_h", "lb_df_swiglu_f16_rows"]
+SOURCES = ["cuda/ops/dequant_f16.cu", "cuda/ops/gemm_q_cublas.cu", "cuda/core/cublas_gemm.cu",
+           "cuda/dflash/df_small.cu"]
 Q4_K = 12
 
 
@@ -76,6 +78,16 @@ def test_not_loaded_error_through_ctypes(built):
     assert fn.lb_gemm_f16w_cublas(a, rows, k, a, n, a, 0, None) == _lib.LB_ERR_NOT_FOUND
     assert fn.lb_cublas_set_sm_target(-1) == _lib.LB_ERR_INVALID_ARG
     assert fn.lb_cublas_set_sm_target(100) == _lib.LB_ERR_NOT_FOUND and "not loaded" in built.last_error()
+    # the fp16-output form: accumulate = 1 and a misaligned y16 are refused before "not loaded"
+    assert fn.lb_gemm_q_cublas_x16_h(Q4_K, a, rows, k, a, n, a, 1, a, need, None) == _lib.LB_ERR_INVALID_ARG
+    assert "accumulate" in built.last_error()
+    assert fn.lb_gemm_q_cublas_x16_h(Q4_K, a, rows, k, a, n, a + 8, 0, a, need, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_gemm_q_cublas_x16_h(Q4_K, a, rows, k, a, n, a, 0, a, 2 * k - 1, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_gemm_q_cublas_x16_h(Q4_K, a, rows, k, a, n, a, 0, a, need, None) == _lib.LB_ERR_NOT_FOUND
+    # the rows SwiGLU's argument checks (no CUDA work)
+    assert fn.lb_df_swiglu_f16_rows(None, a, 4, 8, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_df_swiglu_f16_rows(a, a, 0, 8, None) == _lib.LB_ERR_INVALID_ARG
+    assert fn.lb_df_swiglu_f16_rows(a, a, 4, 0, None) == _lib.LB_ERR_INVALID_ARG
 
 
 # ---- memory plan ----
@@ -88,12 +100,14 @@ def big():
 
 
 def test_plan_counts_the_scratch(big):
-    """With the path on, 1024-row passes: fp16 x at ffn_down's K (35.7 MB) + the FFN matrix in fp16 (178 MB)."""
+    """With the path on, 1024-row passes: fp16 x at ffn_down's K (35.7 MB) + gate + up as one fp16 tensor (356 MB:
+    LUCEBOX_PREFILL_GU=merged16's one GEMM over both)."""
     cfg, sizes = big
     p = mp.plan(cfg, sizes, context=4096, budget=40, prefill_rows=1024, cublas=True)
-    want = mp.cublas_scratch(1024, cfg.ffn, cfg.hidden)  # ffn_down: x at K = 17408, 5120 rows of 17408
+    # x at ffn_down's K = 17408; the chunk: gate + up, 2 x 17408 rows of K = 5120 (= 10240 rows of 17408)
+    want = mp.cublas_scratch(1024, cfg.ffn, 2 * cfg.hidden)
     assert p.bytes_of("cublas gemm scratch") == mp.cublas_gemm_scratch(cfg, 1024) == want
-    assert want == 2 * 1024 * 17408 + 2 * 17408 * 5120
+    assert want == 2 * 1024 * 17408 + 2 * (2 * 17408) * 5120
     off = mp.plan(cfg, sizes, context=4096, budget=40, prefill_rows=1024)
     assert p.total - off.total == want and p.cublas and not off.cublas
     names = [b.name for b in mp.buffer_list(cfg, context=4096, budget=40, prefill_rows=1024, cublas=True)]
@@ -136,6 +150,14 @@ def test_gemm_mode_knob():
         prefill_gemm_path(FakeLib(), {"LUCEBOX_PREFILL_GEMM": "cublas"})
     with pytest.raises(UsageError, match="LUCEBOX_PREFILL_GEMM"):
         prefill_gemm_path(FakeLib(), {"LUCEBOX_PREFILL_GEMM": "fast"})
+
+
+def test_gu_mode_knob():
+    assert prefill_gu_mode({}) == "split"
+    assert prefill_gu_mode({"LUCEBOX_PREFILL_GU": " Merged16 "}) == "merged16"
+    assert prefill_gu_mode({"LUCEBOX_PREFILL_GU": "split"}) == "split"
+    with pytest.raises(UsageError, match="LUCEBOX_PREFILL_GU"):
+        prefill_gu_mode({"LUCEBOX_PREFILL_GU": "merged"})
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +280,65 @@ def test_zab_form_rejects_a_bad_value(gguf_hv16, monkeypatch):
     with pytest.raises(ValueError, match="LUCEBOX_PREFILL_ZAB"):
         DFlashTargetEngine(gguf_hv16, max_context=512, budget=22, lib=FakeLib(blas=True), card_bytes=8 << 30,
                            prefill_rows=256)
+
+
+def test_emulated_engine_gate_up_merged16(gguf, monkeypatch):
+    """LUCEBOX_PREFILL_GU=merged16 on the emulated cuBLAS path: per layer of the 256-row pass, gate + up are ONE
+    lb_gemm_q_cublas_x16_h over 2·ffn rows (the two Q4_K tensors back to back in the arena) into the gate region,
+    read by one lb_df_swiglu_f16_rows that writes the down GEMM's fp16 input at the scratch's start; no
+    lb_df_swiglu_f16 and two fewer fp32 x16 GEMMs per layer. The logits equal the split path's up to the fp16
+    rounding of gate and up (rel RMS < 1e-3) and the CPU engine's as before; info reports the mode."""
+    monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
+    cfg, weights = load_model_gguf(gguf)[:2]
+    ids = np.random.default_rng(11).integers(0, 4096, 300)
+    out, logs = {}, {}
+    for mode in ("split", "merged16"):
+        monkeypatch.setenv("LUCEBOX_PREFILL_GU", mode)
+        lib = FakeLib(blas=True)
+        gpu = DFlashTargetEngine(gguf, max_context=512, budget=22, lib=lib, card_bytes=8 << 30, prefill_rows=256)
+        try:
+            assert gpu.info["prefill_gu"] == mode and gpu.info["prefill_gemm"] == "cublas"
+            gpu.poison()
+            lib.log = []
+            out[mode] = gpu.prefill(ids)
+            logs[mode], lib.log = lib.log, None
+            bufs, ffn = gpu._bufs, cfg.ffn
+        finally:
+            gpu.close()
+    merged, split = logs["merged16"], logs["split"]
+    h = [a for name, a in merged if name == "lb_gemm_q_cublas_x16_h"]
+    rows = [a for name, a in merged if name == "lb_df_swiglu_f16_rows"]
+    assert len(h) == len(rows) == cfg.n_layers
+    assert {(a[2], a[5], a[7]) for a in h} == {(2 * ffn, 256, 0)}  # 2·ffn rows, the wide pass's columns, no accumulate
+    assert all(a[4] == bufs.gemm_scratch and a[6] == bufs.proj for a in h)
+    assert all(a[8] == bufs.gemm_scratch + 2 * 256 * cfg.hidden and a[8] + a[9] == bufs.gemm_scratch
+               + bufs.gemm_scratch_bytes for a in h)
+    assert {(a[0], a[1], a[2], a[3]) for a in rows} == {(bufs.proj, bufs.gemm_scratch, 256, ffn)}
+    assert not any(name == "lb_df_swiglu_f16" for name, _ in merged)
+    x16 = lambda log: [a for name, a in log if name == "lb_gemm_q_cublas_x16"]  # noqa: E731
+    assert len(x16(split)) - len(x16(merged)) == 2 * cfg.n_layers
+    # the small-N tail (44 rows) is the same calls either way
+    seg = lambda log: [a for name, a in log if name == "lb_gemm_q_smalln_seg"]  # noqa: E731
+    assert len(seg(merged)) == len(seg(split)) > 0
+    cpu = CPUEngine(cfg, weights, max_context=512)
+    lc = cpu.prefill(ids)
+    assert rel(out["merged16"], out["split"]) < 1e-3
+    assert rel(out["merged16"], lc) < 5e-3
+
+
+def test_merged16_falls_back_where_gate_up_are_not_one_tensor(gguf, monkeypatch):
+    """merged16 needs gate and up back to back (same type and K) and a library with both entry points; otherwise the
+    cuBLAS pass keeps today's calls."""
+    monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
+    monkeypatch.setenv("LUCEBOX_PREFILL_GU", "merged16")
+    gpu = DFlashTargetEngine(gguf, max_context=512, budget=22, lib=FakeLib(blas=True), card_bytes=8 << 30,
+                             prefill_rows=256)
+    try:
+        L = gpu._layers
+        names = ("blk.0.ffn_gate.weight", "blk.0.ffn_up.weight")
+        assert L._gu_merged(names)
+        assert not L._gu_merged(names[::-1])  # up does not end where gate starts
+        L.prefill_gu = "split"
+        assert not L._gu_merged(names)
+    finally:
+        gpu.close()
