@@ -48,12 +48,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from lucebox_cli.engines.dflash_upload import Q4K_TILED, Q6K_TILED
 from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE, CHUNK, CUBLAS_MIN_ROWS
+from lucebox_cli.errors import UsageError
 from lucebox_cli.models.qwen35 import Qwen35Config
 
 F32 = 4
@@ -246,15 +246,11 @@ class Layers:
         # an attention layer's v + q/k) as one lb_gemv_q_pair call where the library has it (q6_q4_pair; one launch
         # unless LUCEBOX_QKV_ZBA=0, which the library reads: two launches then)
         self.gemv_pair = fn is not None and hasattr(fn, "lb_gemv_q_pair")
-        # a cuBLAS prefill's back-to-back DeltaNet input tensors as fewer GEMMs whose [t, rows] outputs
-        # lb_gdn_prefill_ld reads in place (zab_plan): the library has it and the DeltaNet prefill runs on the tensor
-        # cores (the fp32 path reads packed rows only). LUCEBOX_PREFILL_ZAB (read here): "ab" ssm_beta | ssm_alpha as
-        # one GEMM (the default), "all" attn_gate | ssm_beta | ssm_alpha as one, "off" three GEMMs
+        # a cuBLAS prefill's attn_gate | ssm_beta | ssm_alpha as one GEMM whose [t, rows] output lb_gdn_prefill_ld
+        # reads in place (zab_plan): the library has it and the DeltaNet prefill runs on the tensor cores (the fp32
+        # path reads packed rows only)
         self.gdn_ld = (fn is not None and hasattr(fn, "lb_gdn_prefill_ld") and hasattr(fn, "lb_deltanet_chunked_path")
                        and fn.lb_deltanet_chunked_path() == 1)
-        self.zab_form = os.environ.get("LUCEBOX_PREFILL_ZAB", "ab")
-        if self.zab_form not in ("ab", "all", "off"):
-            raise ValueError(f"LUCEBOX_PREFILL_ZAB={self.zab_form!r}: use ab, all or off")
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
@@ -501,7 +497,7 @@ class Layers:
     # How a cuBLAS pass runs the FFN's gate + up (engines/dflash.py sets it at creation from LUCEBOX_PREFILL_GU,
     # prefill_gu_mode): "split", one fp32-output GEMM per matrix and lb_df_swiglu_f16 over the two; "merged16", where
     # _gu_merged allows, one fp16-output GEMM over both (lb_gemm_q_cublas_x16_h) and lb_df_swiglu_f16_rows.
-    prefill_gu: str = "split"
+    prefill_gu: str = "merged16"
 
     def _gu_merged(self, names: tuple[str, str]) -> bool:
         """Whether a cuBLAS pass's gate + up run as one fp16-output GEMM: the knob says merged16, the library has both
@@ -534,20 +530,14 @@ class Layers:
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
         plan = self.zab_plan(names[1:], p)
         if plan is not None:
-            # fewer GEMMs, each writing [t, rows] rows of back-to-back tensors from its first tensor's region (which
-            # holds them: the packed regions that follow span at least as much), read in place
-            ld_z, ld_ab = plan
+            # one GEMM of the three back-to-back tensors into [t, ld] rows of [z | beta | alpha] from z's region (it
+            # holds them: the packed regions of the three span at least t * ld floats), read in place
+            ld = plan[0]
             rz, rb = self.m[names[1]].rows, self.m[names[2]].rows
             self._x16_gemm(names[0], qkv, p.t, 0)
-            if ld_z > rz:  # "all": z | beta | alpha rows
-                self._x16_gemm(names[1], z, p.t, 0, rows=ld_z)
-                beta_in, a = z + rz * F32, z + (rz + rb) * F32
-            else:  # "ab": z alone, then beta | alpha rows
-                self._x16_gemm(names[1], z, p.t, 0)
-                self._x16_gemm(names[2], beta_in, p.t, 0, rows=ld_ab)
-                a = beta_in + rb * F32
-            self._call("lb_gdn_prefill_ld", qkv, a, beta_in, z, ld_z, ld_ab, *w, L.conv, L.state, b.act,
-                       b.gdn_scratch, p.t, cfg.hk, cfg.hv, cfg.eps, self.stream)
+            self._x16_gemm(names[1], z, p.t, 0, rows=ld)
+            self._call("lb_gdn_prefill_ld", qkv, z + (rz + rb) * F32, z + rz * F32, z, ld, ld, *w, L.conv, L.state,
+                       b.act, b.gdn_scratch, p.t, cfg.hk, cfg.hv, cfg.eps, self.stream)
             self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
             return
         self.matmuls(names, b.h, [qkv, z, beta_in, a], p.t)
@@ -561,22 +551,23 @@ class Layers:
                           cfg.eps, self.stream)
         self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
 
+    # How a cuBLAS pass runs a DeltaNet layer's attn_gate, ssm_beta and ssm_alpha (engines/dflash.py sets it at
+    # creation from LUCEBOX_PREFILL_ZAB, prefill_zab_mode): "all", where zab_plan allows, one GEMM over the three;
+    # "off", one GEMM per matrix.
+    prefill_zab: str = "all"
+
     def zab_plan(self, names: tuple[str, ...], p: Pass) -> Optional[tuple[int, int]]:
-        """(ld_z, ld_ab): the row strides of z and of beta / alpha where a prefill pass on the cuBLAS path runs
-        (attn_gate, ssm_beta, ssm_alpha) as fewer GEMMs (zab_form "ab": beta | alpha as one, "all": all three as one)
-        and lb_gdn_prefill_ld reads the outputs in place; else None (three GEMMs). Why: the two 48-row products cost
-        a dequantization, a narrow GEMM and two launch gaps each (~15 µs a layer at pp520, docs/perf.md). Needs the
-        merged tensors back to back in the arena (one tensor), and z's stride % 4 == 0 (the output norm's float4
-        rows)."""
-        if p.mode != "prefill" or not self._cublas(p.t) or not self.gdn_ld or self.zab_form == "off":
+        """(ld_z, ld_ab), the row strides of z and of beta / alpha, where a prefill pass on the cuBLAS path runs
+        (attn_gate, ssm_beta, ssm_alpha) as one GEMM of their summed rows and lb_gdn_prefill_ld reads its output in
+        place; else None (three GEMMs). Why: the two 48-row products cost a dequantization, a narrow GEMM and two
+        launch gaps each (~1.1 ms of the 27B's pp520 in all, docs/perf.md). Needs the three back to back in the arena
+        (one tensor) and a stride % 4 == 0 (the output norm's float4 rows)."""
+        if p.mode != "prefill" or not self._cublas(p.t) or not self.gdn_ld or self.prefill_zab != "all":
             return None
-        rz, rb, ra = (self.m[n].rows for n in names)
-        if not self._adjacent(names[1], names[2]):
+        if not (self._adjacent(names[0], names[1]) and self._adjacent(names[1], names[2])):
             return None
-        if self.zab_form == "ab":
-            return rz, rb + ra
-        ld = rz + rb + ra
-        return (ld, ld) if self._adjacent(names[0], names[1]) and ld % 4 == 0 else None
+        ld = sum(self.m[n].rows for n in names)
+        return (ld, ld) if ld % 4 == 0 else None
 
     def attention(self, i: int, p: Pass, regs: list[int]) -> None:
         """regs = attention_regions(t)[0], cleared by the norm before."""
@@ -690,17 +681,26 @@ class Layers:
 
 
 PREFILL_GU_ENV = "LUCEBOX_PREFILL_GU"
-PREFILL_GU_MODES = ("split", "merged16")
+PREFILL_GU_MODES = ("merged16", "split")
+PREFILL_ZAB_ENV = "LUCEBOX_PREFILL_ZAB"
+PREFILL_ZAB_MODES = ("all", "off")
+
+
+def _mode(name: str, modes: tuple[str, ...], env: Optional[dict]) -> str:
+    v = (os.environ if env is None else env).get(name, modes[0]).strip().lower() or modes[0]
+    if v not in modes:
+        raise UsageError(f"{name}={v!r}: expected one of {', '.join(modes)}")
+    return v
 
 
 def prefill_gu_mode(env: Optional[dict] = None) -> str:
-    """LUCEBOX_PREFILL_GU (read once, at engine creation): "split" (default until measured on the H200: the two
-    fp32-output GEMMs and lb_df_swiglu_f16) or "merged16" (Layers._gu_merged16). Anything else is a UsageError."""
-    import os
+    """LUCEBOX_PREFILL_GU (read once, at engine creation): "merged16" (the default since session 13's measurement:
+    Layers._gu_merged16) or "split" (the two fp32-output GEMMs and lb_df_swiglu_f16). Anything else is a
+    UsageError."""
+    return _mode(PREFILL_GU_ENV, PREFILL_GU_MODES, env)
 
-    from lucebox_cli.errors import UsageError
 
-    v = (os.environ if env is None else env).get(PREFILL_GU_ENV, "split").strip().lower() or "split"
-    if v not in PREFILL_GU_MODES:
-        raise UsageError(f"{PREFILL_GU_ENV}={v!r}: expected one of {', '.join(PREFILL_GU_MODES)}")
-    return v
+def prefill_zab_mode(env: Optional[dict] = None) -> str:
+    """LUCEBOX_PREFILL_ZAB (read once, at engine creation): "all" (the default: Layers.zab_plan) or "off" (three
+    GEMMs and lb_gdn_prefill). Anything else is a UsageError."""
+    return _mode(PREFILL_ZAB_ENV, PREFILL_ZAB_MODES, env)

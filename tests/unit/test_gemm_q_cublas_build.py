@@ -21,7 +21,7 @@ from lucebox_cli.engines import _lib
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.engines.cpu import CPUEngine
 from lucebox_cli.engines.dflash import DFlashTargetEngine, prefill_gemm_path
-from lucebox_cli.engines.dflash_layers import prefill_gu_mode
+from lucebox_cli.engines.dflash_layers import prefill_gu_mode, prefill_zab_mode
 from lucebox_cli.errors import EngineUnavailable, UsageError
 from lucebox_cli.models.qwen35_gguf import load_model_gguf
 
@@ -152,12 +152,15 @@ def test_gemm_mode_knob():
         prefill_gemm_path(FakeLib(), {"LUCEBOX_PREFILL_GEMM": "fast"})
 
 
-def test_gu_mode_knob():
-    assert prefill_gu_mode({}) == "split"
+def test_gu_and_zab_mode_knobs():
+    assert prefill_gu_mode({}) == "merged16"
     assert prefill_gu_mode({"LUCEBOX_PREFILL_GU": " Merged16 "}) == "merged16"
     assert prefill_gu_mode({"LUCEBOX_PREFILL_GU": "split"}) == "split"
     with pytest.raises(UsageError, match="LUCEBOX_PREFILL_GU"):
         prefill_gu_mode({"LUCEBOX_PREFILL_GU": "merged"})
+    assert prefill_zab_mode({}) == "all" and prefill_zab_mode({"LUCEBOX_PREFILL_ZAB": "off"}) == "off"
+    with pytest.raises(UsageError, match="LUCEBOX_PREFILL_ZAB"):
+        prefill_zab_mode({"LUCEBOX_PREFILL_ZAB": "ab"})
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +179,7 @@ def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
     lb_gemm_q_cublas / lb_gemm_q_cublas_x16 on fp16 inputs from the norm and SwiGLU (one call per matrix, with the plan's scratch), its 44-row tail and the verify after it stay
     on small-N (never inside a capture), and logits match the CPU engine as the small-N path does."""
     monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
+    monkeypatch.setenv("LUCEBOX_PREFILL_GU", "split")  # the per-matrix form (merged16: test_emulated_engine_gate_up_merged16)
     cfg, weights = load_model_gguf(gguf)[:2]
     lib = FakeLib(graphs=graphs, blas=True)
     gpu = DFlashTargetEngine(gguf, max_context=512, budget=22, tap_layers=(0, 2), lib=lib, card_bytes=8 << 30,
@@ -233,19 +237,19 @@ def gguf_hv16(tmp_path_factory):
     return make_tiny_q4km(tmp_path_factory.mktemp("dflash_cublas_hv16") / "m4", n_layers=4, hv_ratio=8)
 
 
-@pytest.mark.parametrize("form", ["ab", "all"])
-def test_emulated_zab_plan_matches_three_gemms(gguf_hv16, form, monkeypatch):
-    """A DeltaNet layer's attn_gate, ssm_beta, ssm_alpha on a 256-row cuBLAS pass as fewer GEMMs read in place by
-    lb_gdn_prefill_ld (Layers.zab_plan; LUCEBOX_PREFILL_ZAB=ab: beta | alpha one GEMM, =all: all three one) against
-    three GEMMs + lb_gdn_prefill (=off): the same logits up to float rounding, and the CPU engine's. (lb_gdn_prefill_ld
-    itself, bit for bit against lb_gdn_prefill on packed copies: tests/gpu/test_gdn_ops.py.)"""
+def test_emulated_zab_plan_matches_three_gemms(gguf_hv16, monkeypatch):
+    """A DeltaNet layer's attn_gate | ssm_beta | ssm_alpha on a 256-row cuBLAS pass as one GEMM of their summed rows
+    read in place by lb_gdn_prefill_ld (Layers.zab_plan; LUCEBOX_PREFILL_ZAB=all, the default) against three GEMMs +
+    lb_gdn_prefill (=off): the same logits up to float rounding, and the CPU engine's. (lb_gdn_prefill_ld itself,
+    bit for bit against lb_gdn_prefill on packed copies: tests/gpu/test_gdn_ops.py.)"""
     monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
+    monkeypatch.setenv("LUCEBOX_PREFILL_GU", "split")  # three x16 GEMMs a layer for the FFN, counted below
     cfg, weights = load_model_gguf(gguf_hv16)[:2]
     ids = np.random.default_rng(3).integers(0, 4096, 256)
     n_dn = sum(not cfg.is_attention(i) for i in range(cfg.n_layers))
-    vd, ld_all, ld_ab = cfg.hv * cfg.dv, cfg.hv * cfg.dv + 2 * cfg.hv, 2 * cfg.hv
+    ld = cfg.hv * cfg.dv + 2 * cfg.hv
     out = []
-    for f in (form, "off"):
+    for f in ("all", "off"):
         monkeypatch.setenv("LUCEBOX_PREFILL_ZAB", f)
         lib = FakeLib(blas=True)
         gpu = DFlashTargetEngine(gguf_hv16, max_context=512, budget=22, lib=lib, card_bytes=8 << 30,
@@ -261,10 +265,9 @@ def test_emulated_zab_plan_matches_three_gemms(gguf_hv16, form, monkeypatch):
             if f == "off":
                 assert not zab
             else:
-                want = (ld_all, ld_all) if f == "all" else (vd, ld_ab)
-                assert len(zab) == n_dn and {tuple(a[4:6]) for a in zab} == {want}
-                assert len([a for a in x16 if a[2] == (ld_all if f == "all" else ld_ab)]) == n_dn
-            per_dn = {"off": 4, "ab": 3, "all": 2}[f]
+                assert len(zab) == n_dn and {tuple(a[4:6]) for a in zab} == {(ld, ld)}
+                assert len([a for a in x16 if a[2] == ld]) == n_dn
+            per_dn = 4 if f == "off" else 2
             assert len(x16) == sum(3 if cfg.is_attention(i) else per_dn for i in range(cfg.n_layers)) + 3 * cfg.n_layers
         finally:
             gpu.close()
@@ -273,13 +276,6 @@ def test_emulated_zab_plan_matches_three_gemms(gguf_hv16, form, monkeypatch):
     assert rel(out[0], out[1]) < 2e-3
     cpu = CPUEngine(cfg, weights, max_context=512)
     assert rel(out[0], cpu.prefill(ids)) < 5e-3
-
-
-def test_zab_form_rejects_a_bad_value(gguf_hv16, monkeypatch):
-    monkeypatch.setenv("LUCEBOX_PREFILL_ZAB", "both")
-    with pytest.raises(ValueError, match="LUCEBOX_PREFILL_ZAB"):
-        DFlashTargetEngine(gguf_hv16, max_context=512, budget=22, lib=FakeLib(blas=True), card_bytes=8 << 30,
-                           prefill_rows=256)
 
 
 def test_emulated_engine_gate_up_merged16(gguf, monkeypatch):
