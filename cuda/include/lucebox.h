@@ -397,6 +397,12 @@ LB_API int lb_attn_prep(const void* qg, int ld_q, const void* k, const void* v, 
                         const void* k_norm, const void* positions, int pos0, void* qf, void* k_cache, void* v_cache,
                         int kv_dtype, int t, int n_heads, int n_kv_heads, int max_ctx, int rope_dims, float eps,
                         float theta, void* stream);
+/* lb_attn_prep with k [t, ld_k] and v [t, ld_v] of their own row strides (ld_kv is both in lb_attn_prep): a
+ * prefill's q | k | v written by one GEMM of back-to-back tensors, or q | k by one and v by another. */
+LB_API int lb_attn_prep_ld(const void* qg, int ld_q, const void* k, int ld_k, const void* v, int ld_v,
+                           const void* q_norm, const void* k_norm, const void* positions, int pos0, void* qf,
+                           void* k_cache, void* v_cache, int kv_dtype, int t, int n_heads, int n_kv_heads, int max_ctx,
+                           int rope_dims, float eps, float theta, void* stream);
 LB_API uint64_t lb_attn_partials_bytes(int t, int n_heads, int max_splits);
 /* One query over cache rows [0, n_ctx) (its own K/V already at row n_ctx - 1). */
 LB_API int lb_attn_decode(const void* qf, const void* k_cache, const void* v_cache, int kv_dtype, const void* gate,

@@ -321,9 +321,9 @@ struct Args {
 // LUCEBOX_ATTN_DECODE=split: the engine's former calls, lb_attn_prep(_at) with t = 1 then lb_attn_decode(_at)
 // (prep_kernel, attn_kernel<8>, combine_kernel).
 cudaError_t three_kernels(const Args& A, int kv_dtype, int pos0, const int32_t* pos_dev, cudaStream_t s) {
-    cudaError_t e = (cudaError_t)prep(A.qg, A.nh * 2 * HD, A.k, A.v, A.nkv * HD, A.q_norm, A.k_norm, nullptr, pos0,
-                                      A.qf, A.kc, A.vc, kv_dtype, 1, A.nh, A.nkv, A.max_ctx, A.rope_dims, A.eps,
-                                      A.theta, s, pos_dev);
+    cudaError_t e = (cudaError_t)prep(A.qg, A.nh * 2 * HD, A.k, A.nkv * HD, A.v, A.nkv * HD, A.q_norm, A.k_norm,
+                                      nullptr, pos0, A.qf, A.kc, A.vc, kv_dtype, 1, A.nh, A.nkv, A.max_ctx,
+                                      A.rope_dims, A.eps, A.theta, s, pos_dev);
     if (e != cudaSuccess) return e;
     Params P{};
     P.qf = A.qf;

@@ -25,12 +25,12 @@ int run(Params P, int kv_dtype, void* partials, int max_splits, cudaStream_t s, 
 // Causal prefill on the tensor cores: false only under LUCEBOX_ATTN_PREFILL=fp32 (read once per process).
 bool prefill_on_tensor_cores();
 
-// Per token t: q heads from qg [T, ld_q] (head h = [q (256) | gate (256)] at h*512) and k / v [T, ld_kv];
+// Per token t: q heads from qg [T, ld_q] (head h = [q (256) | gate (256)] at h*512), k [T, ld_k] and v [T, ld_v];
 // RMSNorm1p (weights include the +1) of q and k, rotate-half RoPE of dims [0, rope_dims) at position
 // positions[t] (or pos0 + t when positions == nullptr), computed in double like the CPU's table; qf fp32
 // [T, nh, 256]; K, V rounded to the cache type at row pos0 + t of [nkv, max_ctx, 256].
 // pos_dev (device int32, or nullptr): pos0 is read from it on the device instead.
-int prep(const float* qg, int ld_q, const float* k, const float* v, int ld_kv, const float* q_norm,
+int prep(const float* qg, int ld_q, const float* k, int ld_k, const float* v, int ld_v, const float* q_norm,
          const float* k_norm, const int32_t* positions, int pos0, float* qf, uint16_t* kc, uint16_t* vc, int kv_dtype,
          int T, int nh, int nkv, int max_ctx, int rope_dims, float eps, float theta, cudaStream_t s,
          const int32_t* pos_dev = nullptr);

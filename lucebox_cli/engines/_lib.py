@@ -210,6 +210,9 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     # 27B gated attention (cuda/ops/attn_rope.cu, attn_decode.cu, attn_tree.cu)
     "lb_attn_prep": (c_int, [ctypes.c_void_p, c_int, ctypes.c_void_p, ctypes.c_void_p, c_int] + [ctypes.c_void_p] * 3
                      + [c_int] + [ctypes.c_void_p] * 3 + [c_int] * 6 + [ctypes.c_float, ctypes.c_float, ctypes.c_void_p]),
+    "lb_attn_prep_ld": (c_int, [ctypes.c_void_p, c_int, ctypes.c_void_p, c_int, ctypes.c_void_p, c_int]
+                        + [ctypes.c_void_p] * 3 + [c_int] + [ctypes.c_void_p] * 3 + [c_int] * 6
+                        + [ctypes.c_float, ctypes.c_float, ctypes.c_void_p]),
     "lb_attn_partials_bytes": (c_uint64, [c_int, c_int, c_int]),
     "lb_attn_decode": (c_int, [ctypes.c_void_p] * 3 + [c_int, ctypes.c_void_p, c_int, c_int, ctypes.c_void_p,
                                ctypes.c_void_p] + [c_int] * 5 + [ctypes.c_void_p]),

@@ -43,9 +43,9 @@ lb_gemm_q_cublas (weights dequantized to fp16, then cublasGemmEx) in passes of r
 its scratch in the memory plan; narrower passes (a prompt's tail), verifies and decode steps stay on small-N.
 auto is cublas when the library's cuBLAS is loaded (_lib.cublas_ready), else own. On that path the FFN's gate + up
 run as one fp16-output GEMM over both (LUCEBOX_PREFILL_GU=merged16, the default) or as two fp32-output GEMMs
-(split; dflash_layers.prefill_gu_mode, read at creation, info "prefill_gu"), and a DeltaNet layer's attn_gate,
-ssm_beta and ssm_alpha as one GEMM read in place (LUCEBOX_PREFILL_ZAB=all, the default) or three (off; info
-"prefill_zab").
+(split; dflash_layers.prefill_gu_mode, read at creation, info "prefill_gu"), and a mixer's back-to-back input
+projections (DeltaNet attn_gate | ssm_beta | ssm_alpha, attention attn_q | attn_k (| attn_v)) as one GEMM read in
+place (LUCEBOX_PREFILL_MERGE=on, the default) or one GEMM each (off; info "prefill_merge").
 
 What is not built yet, said rather than hidden: logits come back to
 the host for every row a sampling (T > 0) caller needs, captured tap features are kept on the host (`features`,
@@ -69,7 +69,7 @@ import numpy as np
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult, check_room, checked_path, checked_tokens
 from lucebox_cli.engines.dflash_layers import (AttnLayer, Buffers, GdnLayer, Layers, Mat, Pass, prefill_gu_mode,
-                                              prefill_zab_mode)
+                                              prefill_merge_mode)
 from lucebox_cli.engines.dflash_upload import QTYPE_IDS, EmbeddingRows, Entry, arena_bytes, device_bytes, upload_plan
 from lucebox_cli.engines.gdn_tree_plan import save_plan
 from lucebox_cli.errors import EngineUnavailable, LuceboxError, UsageError
@@ -200,7 +200,7 @@ class DFlashTargetEngine:
         self._emb_dev: Optional[Mat] = None
         self._use_graphs, self._graph_ready, self._card = False, False, card
         self.prefill_gu = prefill_gu_mode()  # before any upload: a bad value fails at once
-        self.prefill_zab = prefill_zab_mode()
+        self.prefill_merge = prefill_merge_mode()
         self.step_pdl = step_pdl_default()  # read before the first capture (the step graph's)
         try:
             mats, vecs = self._upload(entries)
@@ -208,7 +208,7 @@ class DFlashTargetEngine:
             self._stream = self._new_stream()
             self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context, self._stream)
             self._layers.prefill_gu = self.prefill_gu
-            self._layers.prefill_zab = self.prefill_zab
+            self._layers.prefill_merge = self.prefill_merge
             self._tied_emb = mats.get("token_embd.weight")
             self.use_graphs = graphs_default() and self._graphs_supported()
         except BaseException:
@@ -224,10 +224,9 @@ class DFlashTargetEngine:
                      # the step graph asks for PDL (the library applies it on sm_90 and newer only)
                      "step_pdl": self.step_pdl and self.use_graphs,
                      "prefill_rows": self.prefill_rows,
-                     # the cuBLAS path's DeltaNet z / beta / alpha GEMMs (Layers.zab_plan): "off" also where
-                     # lb_gdn_prefill_ld cannot run (no library entry, or the fp32 DeltaNet path); None: no cuBLAS pass
-                     "prefill_zab": (self.prefill_zab if self._layers.gdn_ld else "off")
-                     if self.prefill_gemm == "cublas" else None,
+                     # the cuBLAS path's mixer input GEMMs (Layers.zab_plan / qkv_plan; each also needs its
+                     # library entry, and the DeltaNet's the tensor-core path); None: no cuBLAS pass
+                     "prefill_merge": self.prefill_merge if self.prefill_gemm == "cublas" else None,
                      # in every bench row: a run says how it was made
                      "attn_decode": attn_decode_path(self._layers.fused_decode),
                      "q4k_tile": any(e.tiled and e.ggml_type == "Q4_K" for e in entries),

@@ -551,10 +551,10 @@ class Layers:
                           cfg.eps, self.stream)
         self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
 
-    # How a cuBLAS pass runs a DeltaNet layer's attn_gate, ssm_beta and ssm_alpha (engines/dflash.py sets it at
-    # creation from LUCEBOX_PREFILL_ZAB, prefill_zab_mode): "all", where zab_plan allows, one GEMM over the three;
-    # "off", one GEMM per matrix.
-    prefill_zab: str = "all"
+    # How a cuBLAS pass runs a mixer's input projections (engines/dflash.py sets it at creation from
+    # LUCEBOX_PREFILL_MERGE, prefill_merge_mode): "on", where zab_plan / qkv_plan allow, back-to-back tensors as one
+    # GEMM whose rows the mixer reads in place with their strides; "off", one GEMM per matrix.
+    prefill_merge: str = "on"
 
     def zab_plan(self, names: tuple[str, ...], p: Pass) -> Optional[tuple[int, int]]:
         """(ld_z, ld_ab), the row strides of z and of beta / alpha, where a prefill pass on the cuBLAS path runs
@@ -562,19 +562,54 @@ class Layers:
         place; else None (three GEMMs). Why: the two 48-row products cost a dequantization, a narrow GEMM and two
         launch gaps each (~1.1 ms of the 27B's pp520 in all, docs/perf.md). Needs the three back to back in the arena
         (one tensor) and a stride % 4 == 0 (the output norm's float4 rows)."""
-        if p.mode != "prefill" or not self._cublas(p.t) or not self.gdn_ld or self.prefill_zab != "all":
+        if p.mode != "prefill" or not self._cublas(p.t) or not self.gdn_ld or self.prefill_merge != "on":
             return None
         if not (self._adjacent(names[0], names[1]) and self._adjacent(names[1], names[2])):
             return None
         ld = sum(self.m[n].rows for n in names)
         return (ld, ld) if ld % 4 == 0 else None
 
+    def qkv_plan(self, names: tuple[str, ...], p: Pass) -> Optional[tuple[int, int]]:
+        """(ld, n) where a prefill pass on the cuBLAS path runs the first n of (attn_q, attn_k, attn_v) as one GEMM of
+        ld = their summed rows (n = 3 where attn_v is back to back with attn_k, as Q4_K_M's Q4_K attn_v is; n = 2
+        where attn_v is another type: Q6_K in half the 27B's attention layers) and lb_attn_prep_ld / lb_attn_causal
+        read the rows in place; else None. Why: attn_k and attn_v (1,024 rows each) are narrow GEMMs with a
+        dequantization and two launch gaps each (~20 µs a layer at pp520, docs/perf.md)."""
+        if (p.mode != "prefill" or not self._cublas(p.t) or self.prefill_merge != "on"
+                or not hasattr(getattr(self.lib, "fn", None), "lb_attn_prep_ld")):
+            return None
+        if not self._adjacent(names[0], names[1]):
+            return None
+        n = 3 if self._adjacent(names[1], names[2]) else 2
+        return sum(self.m[nm].rows for nm in names[:n]), n
+
     def attention(self, i: int, p: Pass, regs: list[int]) -> None:
         """regs = attention_regions(t)[0], cleared by the norm before."""
         cfg, b, pre, L = self.cfg, self.b, f"blk.{i}.", self.b.attn[i]
         nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         qg, k, v = regs  # qg [t, nh * 512]: per head [q | gate]
-        self.matmuls((pre + "attn_q.weight", pre + "attn_k.weight", pre + "attn_v.weight"), b.h, [qg, k, v], p.t)
+        names = (pre + "attn_q.weight", pre + "attn_k.weight", pre + "attn_v.weight")
+        plan = self.qkv_plan(names, p)
+        if plan is not None:
+            # q | k (| v) as one GEMM of [t, ld] rows from qg's region (it holds them: the packed regions after it
+            # span at least as much), read in place; v from its own GEMM unless it is in the run
+            ld, n_run = plan
+            rq, rk = self.m[names[0]].rows, self.m[names[1]].rows
+            self._x16_gemm(names[0], qg, p.t, 0, rows=ld)
+            k, ld_k = qg + rq * F32, ld
+            if n_run == 3:
+                v, ld_v = qg + (rq + rk) * F32, ld
+            else:
+                self._x16_gemm(names[2], v, p.t, 0)
+                ld_v = nkv * hd
+            self._call("lb_attn_prep_ld", qg, ld, k, ld_k, v, ld_v, self.v[pre + "attn_q_norm.weight"],
+                       self.v[pre + "attn_k_norm.weight"], None, p.pos0, b.qf, L.kc, L.vc, KV_F16, p.t, nh, nkv,
+                       self.max_ctx, cfg.rope_dims, cfg.eps, cfg.rope_theta, self.stream)
+            self._call("lb_attn_causal", b.qf, L.kc, L.vc, KV_F16, qg + hd * F32, ld, 2 * hd, b.act, b.partials,
+                       ATTN_SPLITS_MANY, p.t, p.pos0, nh, nkv, self.max_ctx, self.stream)
+            self.matmul(pre + "attn_output.weight", b.act, b.x, p.t)
+            return
+        self.matmuls(names, b.h, [qg, k, v], p.t)
         if p.mode == "step" and self.fused_decode:
             # one kernel for what prep + decode launch as three: norms, RoPE, the cache row, split-KV attention, merge
             fn, pos = ("lb_attn_decode_fused_at", self.state) if p.dev else ("lb_attn_decode_fused", p.pos0)
@@ -682,8 +717,8 @@ class Layers:
 
 PREFILL_GU_ENV = "LUCEBOX_PREFILL_GU"
 PREFILL_GU_MODES = ("merged16", "split")
-PREFILL_ZAB_ENV = "LUCEBOX_PREFILL_ZAB"
-PREFILL_ZAB_MODES = ("all", "off")
+PREFILL_MERGE_ENV = "LUCEBOX_PREFILL_MERGE"
+PREFILL_MERGE_MODES = ("on", "off")
 
 
 def _mode(name: str, modes: tuple[str, ...], env: Optional[dict]) -> str:
@@ -700,7 +735,8 @@ def prefill_gu_mode(env: Optional[dict] = None) -> str:
     return _mode(PREFILL_GU_ENV, PREFILL_GU_MODES, env)
 
 
-def prefill_zab_mode(env: Optional[dict] = None) -> str:
-    """LUCEBOX_PREFILL_ZAB (read once, at engine creation): "all" (the default: Layers.zab_plan) or "off" (three
-    GEMMs and lb_gdn_prefill). Anything else is a UsageError."""
-    return _mode(PREFILL_ZAB_ENV, PREFILL_ZAB_MODES, env)
+def prefill_merge_mode(env: Optional[dict] = None) -> str:
+    """LUCEBOX_PREFILL_MERGE (read once, at engine creation): "on" (the default: Layers.zab_plan and qkv_plan) or
+    "off" (one GEMM per matrix, lb_gdn_prefill and lb_attn_prep on packed outputs). Anything else is a
+    UsageError."""
+    return _mode(PREFILL_MERGE_ENV, PREFILL_MERGE_MODES, env)

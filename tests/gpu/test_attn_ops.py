@@ -214,6 +214,44 @@ def test_attn_prep(kv, nh, nkv, pos0, tree):
     assert np.array_equal(vbits, to_kv(v.reshape(t, nkv, HD), KV[kv]))
 
 
+@pytest.mark.parametrize("kv", list(KV))
+@pytest.mark.parametrize("n_run,t,pos0", [(3, 7, 0), (2, 7, 0), (3, 33, 1000), (2, 5, 90)])
+def test_attn_prep_ld(kv, n_run, t, pos0):
+    """lb_attn_prep_ld on the rows one prefill GEMM writes (Layers.qkv_plan): [q+gate | k | v] of one stride
+    (n_run = 3), or [q+gate | k] with v from its own packed GEMM (n_run = 2); a NaN-filled pad after each row. qf
+    and both caches bit for bit lb_attn_prep's on packed copies (the same kernel, other strides)."""
+    nh, nkv = 24, 4
+    rng = np.random.default_rng(7 * t + n_run)
+    max_ctx = pos0 + t + 2
+    qg = rng.standard_normal((t, nh * 2 * HD)).astype(f32)
+    k, v = rng.standard_normal((t, nkv * HD)).astype(f32), rng.standard_normal((t, nkv * HD)).astype(f32)
+    w_q, w_k = (1 + 0.2 * rng.standard_normal(HD)).astype(f32), (1 + 0.2 * rng.standard_normal(HD)).astype(f32)
+    wq_, wk_ = nh * 2 * HD, nkv * HD
+    ld = wq_ + wk_ * (n_run - 1) + 8  # the pad: read by nothing
+    rows = np.full((t, ld), np.nan, f32)
+    rows[:, :wq_], rows[:, wq_:wq_ + wk_] = qg, k
+    if n_run == 3:
+        rows[:, wq_ + wk_:wq_ + 2 * wk_] = v
+    out = []
+    with Pool() as p:
+        for strided in (False, True):
+            kc, vc = p.nan(nkv * max_ctx * HD * 2), p.nan(nkv * max_ctx * HD * 2)
+            if strided:
+                base = p.of(rows).ptr.value
+                qf = p.nan(t * nh * HD * 4)
+                vp, ld_v = (base + 4 * (wq_ + wk_), ld) if n_run == 3 else (p.of(v).ptr.value, wk_)
+                call("lb_attn_prep_ld", base, ld, base + 4 * wq_, ld, vp, ld_v, p.of(w_q).ptr, p.of(w_k).ptr, None, pos0,
+                     qf.ptr, kc.ptr, vc.ptr, KV[kv], t, nh, nkv, max_ctx, ROPE, ctypes.c_float(EPS),
+                     ctypes.c_float(THETA), None)
+                qf = qf.get(f32, (t, nh, HD))
+            else:
+                qf = _prep(p, qg, k, v, w_q, w_k, None, pos0, kc, vc, KV[kv], t, nh, nkv, max_ctx)
+            out.append((qf, kc.get(np.uint16, (nkv, max_ctx, HD)), vc.get(np.uint16, (nkv, max_ctx, HD))))
+    (q0, k0, v0), (q1, k1, v1) = out
+    assert np.isfinite(q1).all() and np.array_equal(q1.view(np.uint32), q0.view(np.uint32))
+    assert np.array_equal(k1, k0) and np.array_equal(v1, v0)
+
+
 def test_prep_then_tree_verify():
     """A verify's attention end to end: prep at n_past + depth into rows n_past + slot, then the tree."""
     nh, nkv, kv, n_past, n = 24, 4, 0, 333, 19

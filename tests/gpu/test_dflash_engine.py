@@ -299,10 +299,11 @@ def test_prefill_gemm_paths(gemm, tile, hv_ratio, monkeypatch):
     """LUCEBOX_PREFILL_GEMM=own|cublas with 256-row passes: a 300-token prompt is one 256-row pass (on cuBLAS: every
     projection one cuBLAS GEMM, on fp16 inputs the norms and SwiGLU write) and a 44-row one (small-N either way); logits, tap features, a verify + commit
     and the step after it match the CPU engine with every scratch NaN-poisoned. cublas is skipped where the library
-    has no cuBLAS loaded. On cuBLAS a DeltaNet layer's ssm_beta | ssm_alpha run as one GEMM read in place by
-    lb_gdn_prefill_ld where the two are one tensor (Layers.zab_plan, the default form): at Hv = 16 in either layout;
-    at Hv = 6 not (6-row beta / alpha: untiled and 864 bytes, so the arena's 256-byte alignment puts a gap before
-    alpha)."""
+    has no cuBLAS loaded. On cuBLAS (LUCEBOX_PREFILL_MERGE=on, the default) an attention layer's attn_q | attn_k run
+    as one GEMM read in place by lb_attn_prep_ld (Layers.qkv_plan), and a DeltaNet layer's attn_gate | ssm_beta |
+    ssm_alpha as one read by lb_gdn_prefill_ld where the three are one tensor (Layers.zab_plan): at Hv = 16 in
+    either layout; at Hv = 6 not (6-row beta / alpha: untiled and 864 bytes, so the arena's 256-byte alignment puts
+    a gap before alpha)."""
     from lucebox_cli.engines.cpu import CPUEngine
     from lucebox_cli.engines.dflash import DFlashTargetEngine
 
@@ -325,6 +326,9 @@ def test_prefill_gemm_paths(gemm, tile, hv_ratio, monkeypatch):
         names = tuple(f"blk.{dn}.{n}.weight" for n in ("attn_gate", "ssm_beta", "ssm_alpha"))
         plan = gpu._layers.zab_plan(names, Pass("prefill", 256, 0))
         assert (plan is not None) == (gemm == "cublas" and hv_ratio == 8), plan
+        at = next(i for i in range(cfg.n_layers) if cfg.is_attention(i))
+        qkv = gpu._layers.qkv_plan(tuple(f"blk.{at}.attn_{n}.weight" for n in "qkv"), Pass("prefill", 256, 0))
+        assert (qkv is not None) == (gemm == "cublas"), qkv  # attn_q | attn_k back to back in both layouts
         ids = np.random.default_rng(11).integers(0, VOCAB, 300)
         gpu.poison()
         lg, lc = gpu.prefill(ids), cpu.prefill(ids)

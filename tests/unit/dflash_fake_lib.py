@@ -437,11 +437,22 @@ class FakeLib:
     # -- attention --
     def lb_attn_prep(self, qg, ld_q, k, v, ld_kv, qn, kn, positions, pos0, qf, kc, vc, kvd, t, nh, nkv, max_ctx,
                      rope_dims, eps, theta, s):
+        self.lb_attn_prep_ld(qg, ld_q, k, ld_kv, v, ld_kv, qn, kn, positions, pos0, qf, kc, vc, kvd, t, nh, nkv,
+                             max_ctx, rope_dims, eps, theta, s)
+
+    def lb_attn_prep_ld(self, qg, ld_q, k, ld_k, v, ld_v, qn, kn, positions, pos0, qf, kc, vc, kvd, t, nh, nkv,
+                        max_ctx, rope_dims, eps, theta, s):
         assert kvd == 0
         hd = 256
-        Q = view(qg, np.float32, t * ld_q).reshape(t, ld_q)[:, : nh * 2 * hd].reshape(t, nh, 2 * hd)[..., :hd]
-        K = view(k, np.float32, t * ld_kv).reshape(t, ld_kv)[:, : nkv * hd].reshape(t, nkv, hd)
-        V = view(v, np.float32, t * ld_kv).reshape(t, ld_kv)[:, : nkv * hd].reshape(t, nkv, hd)
+        assert ld_q >= nh * 2 * hd and ld_k >= nkv * hd and ld_v >= nkv * hd
+
+        def rows(ptr, ld, w):  # t rows of w floats, stride ld (nothing read past the last row's w)
+            a = view(ptr, np.float32, (t - 1) * ld + w)
+            return np.stack([a[i * ld: i * ld + w] for i in range(t)])
+
+        Q = rows(qg, ld_q, nh * 2 * hd).reshape(t, nh, 2 * hd)[..., :hd]
+        K = rows(k, ld_k, nkv * hd).reshape(t, nkv, hd)
+        V = rows(v, ld_v, nkv * hd).reshape(t, nkv, hd)
         pos = view(positions, np.int32, t).astype(np.int64) if positions else pos0 + np.arange(t)
         q = _rope(_rms_norm(Q, view(qn, np.float32, hd), eps), pos, rope_dims, theta)
         kr = _rope(_rms_norm(K, view(kn, np.float32, hd), eps), pos, rope_dims, theta)

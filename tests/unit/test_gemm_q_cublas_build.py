@@ -21,7 +21,7 @@ from lucebox_cli.engines import _lib
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.engines.cpu import CPUEngine
 from lucebox_cli.engines.dflash import DFlashTargetEngine, prefill_gemm_path
-from lucebox_cli.engines.dflash_layers import prefill_gu_mode, prefill_zab_mode
+from lucebox_cli.engines.dflash_layers import Pass, prefill_gu_mode, prefill_merge_mode
 from lucebox_cli.errors import EngineUnavailable, UsageError
 from lucebox_cli.models.qwen35_gguf import load_model_gguf
 
@@ -152,15 +152,15 @@ def test_gemm_mode_knob():
         prefill_gemm_path(FakeLib(), {"LUCEBOX_PREFILL_GEMM": "fast"})
 
 
-def test_gu_and_zab_mode_knobs():
+def test_gu_and_merge_mode_knobs():
     assert prefill_gu_mode({}) == "merged16"
     assert prefill_gu_mode({"LUCEBOX_PREFILL_GU": " Merged16 "}) == "merged16"
     assert prefill_gu_mode({"LUCEBOX_PREFILL_GU": "split"}) == "split"
     with pytest.raises(UsageError, match="LUCEBOX_PREFILL_GU"):
         prefill_gu_mode({"LUCEBOX_PREFILL_GU": "merged"})
-    assert prefill_zab_mode({}) == "all" and prefill_zab_mode({"LUCEBOX_PREFILL_ZAB": "off"}) == "off"
-    with pytest.raises(UsageError, match="LUCEBOX_PREFILL_ZAB"):
-        prefill_zab_mode({"LUCEBOX_PREFILL_ZAB": "ab"})
+    assert prefill_merge_mode({}) == "on" and prefill_merge_mode({"LUCEBOX_PREFILL_MERGE": "off"}) == "off"
+    with pytest.raises(UsageError, match="LUCEBOX_PREFILL_MERGE"):
+        prefill_merge_mode({"LUCEBOX_PREFILL_MERGE": "all"})
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +180,7 @@ def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
     on small-N (never inside a capture), and logits match the CPU engine as the small-N path does."""
     monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
     monkeypatch.setenv("LUCEBOX_PREFILL_GU", "split")  # the per-matrix form (merged16: test_emulated_engine_gate_up_merged16)
+    monkeypatch.setenv("LUCEBOX_PREFILL_MERGE", "off")  # (on: test_emulated_prefill_merge_matches_per_matrix_gemms)
     cfg, weights = load_model_gguf(gguf)[:2]
     lib = FakeLib(graphs=graphs, blas=True)
     gpu = DFlashTargetEngine(gguf, max_context=512, budget=22, tap_layers=(0, 2), lib=lib, card_bytes=8 << 30,
@@ -201,7 +202,6 @@ def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
         # which adds onto x)
         assert len(wide) == cfg.n_layers and {a[5] for a in wide} == {256} and {a[7] for a in wide} == {1}
         assert all(a[9] == gpu._bufs.gemm_scratch_bytes for a in wide)
-        # (this model's 6-row ssm_beta / ssm_alpha sit apart in the arena (864 bytes, 256-byte aligned): no zab_plan here)
         want = sum(3 if cfg.is_attention(i) else 4 for i in range(cfg.n_layers)) + 3 * cfg.n_layers
         assert len(x16) == want and {a[5] for a in x16} == {256}
         assert sorted(a[7] for a in x16) == [0] * (want - cfg.n_layers) + [1] * cfg.n_layers
@@ -237,38 +237,47 @@ def gguf_hv16(tmp_path_factory):
     return make_tiny_q4km(tmp_path_factory.mktemp("dflash_cublas_hv16") / "m4", n_layers=4, hv_ratio=8)
 
 
-def test_emulated_zab_plan_matches_three_gemms(gguf_hv16, monkeypatch):
-    """A DeltaNet layer's attn_gate | ssm_beta | ssm_alpha on a 256-row cuBLAS pass as one GEMM of their summed rows
-    read in place by lb_gdn_prefill_ld (Layers.zab_plan; LUCEBOX_PREFILL_ZAB=all, the default) against three GEMMs +
-    lb_gdn_prefill (=off): the same logits up to float rounding, and the CPU engine's. (lb_gdn_prefill_ld itself,
+def test_emulated_prefill_merge_matches_per_matrix_gemms(gguf_hv16, monkeypatch):
+    """LUCEBOX_PREFILL_MERGE=on (the default) on a 256-row cuBLAS pass: a DeltaNet layer's attn_gate | ssm_beta |
+    ssm_alpha as one GEMM read in place by lb_gdn_prefill_ld (Layers.zab_plan), an attention layer's attn_q | attn_k
+    (| attn_v where it is back to back) as one read by lb_attn_prep_ld and lb_attn_causal (Layers.qkv_plan), against
+    one GEMM per matrix (=off): the same logits up to float rounding, and the CPU engine's. (lb_gdn_prefill_ld itself,
     bit for bit against lb_gdn_prefill on packed copies: tests/gpu/test_gdn_ops.py.)"""
     monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
     monkeypatch.setenv("LUCEBOX_PREFILL_GU", "split")  # three x16 GEMMs a layer for the FFN, counted below
     cfg, weights = load_model_gguf(gguf_hv16)[:2]
     ids = np.random.default_rng(3).integers(0, 4096, 256)
-    n_dn = sum(not cfg.is_attention(i) for i in range(cfg.n_layers))
+    attn = [i for i in range(cfg.n_layers) if cfg.is_attention(i)]
+    n_dn = cfg.n_layers - len(attn)
     ld = cfg.hv * cfg.dv + 2 * cfg.hv
     out = []
-    for f in ("all", "off"):
-        monkeypatch.setenv("LUCEBOX_PREFILL_ZAB", f)
+    for f in ("on", "off"):
+        monkeypatch.setenv("LUCEBOX_PREFILL_MERGE", f)
         lib = FakeLib(blas=True)
         gpu = DFlashTargetEngine(gguf_hv16, max_context=512, budget=22, lib=lib, card_bytes=8 << 30,
                                  prefill_rows=256)
         try:
-            assert gpu.info["prefill_zab"] == f
+            assert gpu.info["prefill_merge"] == f
+            plans = [gpu._layers.qkv_plan(tuple(f"blk.{i}.attn_{n}.weight" for n in "qkv"), Pass("prefill", 256, 0))
+                     for i in attn]
+            assert all(pl is not None for pl in plans) == (f == "on")
             lib.log = []
             out.append(gpu.prefill(ids))
             log = lib.log
+            names = [n for n, _ in log]
             zab = [a for name, a in log if name == "lb_gdn_prefill_ld"]
-            assert ("lb_gdn_prefill" in [n for n, _ in log]) == (f == "off")
+            assert ("lb_gdn_prefill" in names) == (f == "off") and ("lb_attn_prep" in names) == (f == "off")
+            assert names.count("lb_attn_prep_ld") == (len(attn) if f == "on" else 0)
             x16 = [a for name, a in log if name == "lb_gemm_q_cublas_x16"]
             if f == "off":
                 assert not zab
+                want_mixer = sum(3 if cfg.is_attention(i) else 4 for i in range(cfg.n_layers))
             else:
                 assert len(zab) == n_dn and {tuple(a[4:6]) for a in zab} == {(ld, ld)}
                 assert len([a for a in x16 if a[2] == ld]) == n_dn
-            per_dn = 4 if f == "off" else 2
-            assert len(x16) == sum(3 if cfg.is_attention(i) else per_dn for i in range(cfg.n_layers)) + 3 * cfg.n_layers
+                # q | k (| v) one GEMM, v its own where not in the run
+                want_mixer = 2 * n_dn + sum(1 if pl[1] == 3 else 2 for pl in plans)
+            assert len(x16) == want_mixer + 3 * cfg.n_layers
         finally:
             gpu.close()
     # the same weights and math; numpy's float32 GEMM rounds a wider product differently from narrower ones (~6e-7
