@@ -528,11 +528,10 @@ class Layers:
         qkv, z, a, beta_in = regs
         names = (pre + "attn_qkv.weight", pre + "attn_gate.weight", pre + "ssm_beta.weight", pre + "ssm_alpha.weight")
         w = [self.v[pre + n] for n in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight")]
-        plan = self.zab_plan(names[1:], p)
-        if plan is not None:
+        ld = self.zab_plan(names[1:], p)
+        if ld is not None:
             # one GEMM of the three back-to-back tensors into [t, ld] rows of [z | beta | alpha] from z's region (it
             # holds them: the packed regions of the three span at least t * ld floats), read in place
-            ld = plan[0]
             rz, rb = self.m[names[1]].rows, self.m[names[2]].rows
             self._x16_gemm(names[0], qkv, p.t, 0)
             self._x16_gemm(names[1], z, p.t, 0, rows=ld)
@@ -556,10 +555,10 @@ class Layers:
     # GEMM whose rows the mixer reads in place with their strides; "off", one GEMM per matrix.
     prefill_merge: str = "on"
 
-    def zab_plan(self, names: tuple[str, ...], p: Pass) -> Optional[tuple[int, int]]:
-        """(ld_z, ld_ab), the row strides of z and of beta / alpha, where a prefill pass on the cuBLAS path runs
-        (attn_gate, ssm_beta, ssm_alpha) as one GEMM of their summed rows and lb_gdn_prefill_ld reads its output in
-        place; else None (three GEMMs). Why: the two 48-row products cost a dequantization, a narrow GEMM and two
+    def zab_plan(self, names: tuple[str, ...], p: Pass) -> Optional[int]:
+        """ld, their summed rows, where a prefill pass on the cuBLAS path runs (attn_gate, ssm_beta, ssm_alpha) as one
+        GEMM and lb_gdn_prefill_ld reads its [t, ld] rows in place (z, beta and alpha at stride ld); else None (three
+        GEMMs). Why: the two 48-row products cost a dequantization, a narrow GEMM and two
         launch gaps each (~1.1 ms of the 27B's pp520 in all, docs/perf.md). Needs the three back to back in the arena
         (one tensor) and a stride % 4 == 0 (the output norm's float4 rows)."""
         if p.mode != "prefill" or not self._cublas(p.t) or not self.gdn_ld or self.prefill_merge != "on":
@@ -567,7 +566,7 @@ class Layers:
         if not (self._adjacent(names[0], names[1]) and self._adjacent(names[1], names[2])):
             return None
         ld = sum(self.m[n].rows for n in names)
-        return (ld, ld) if ld % 4 == 0 else None
+        return ld if ld % 4 == 0 else None
 
     def qkv_plan(self, names: tuple[str, ...], p: Pass) -> Optional[tuple[int, int]]:
         """(ld, n) where a prefill pass on the cuBLAS path runs the first n of (attn_q, attn_k, attn_v) as one GEMM of
