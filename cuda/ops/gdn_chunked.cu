@@ -169,9 +169,8 @@ extern "C" LB_API uint64_t lb_gdn_prefill_scratch_bytes(int t, int hk, int hv) {
 // ld_z / ld_ab: the row strides (floats) of z and of a and b, 0 = packed ([T, Hv*128], [T, Hv], [T, Hv]); other
 // strides only on the tensor-core path (its kernels take strides; the fp32 path's read packed rows).
 static int gdn_prefill(const void* pre, const void* a, const void* b, const void* z, int ld_z, int ld_ab,
-                       const void* conv_w,
-                       const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state, void* state,
-                       void* y, void* scratch, int t, int hk, int hv, float eps, void* stream) {
+                       const void* conv_w, const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state,
+                       void* state, void* y, void* scratch, int t, int hk, int hv, float eps, void* stream) {
     LB_CHECK_ARG(pre && a && b && z && conv_w && ssm_a && dt_bias && norm_w && conv_state && state && y && scratch,
                  "null pointer");
     LB_CHECK_ARG(t >= 1 && hk >= 1 && hv >= hk && hv % hk == 0, "need t >= 1, hv a multiple of hk");

@@ -43,7 +43,7 @@ lb_gemm_q_cublas (weights dequantized to fp16, then cublasGemmEx) in passes of r
 its scratch in the memory plan; narrower passes (a prompt's tail), verifies and decode steps stay on small-N.
 auto is cublas when the library's cuBLAS is loaded (_lib.cublas_ready), else own. On that path the FFN's gate + up
 run as one fp16-output GEMM over both (LUCEBOX_PREFILL_GU=merged16, the default) or as two fp32-output GEMMs
-(split; dflash_layers.prefill_gu_mode, read at creation, info "prefill_gu"), and a mixer's back-to-back input
+(split; prefill_gu_mode, read at creation, info "prefill_gu"), and a mixer's back-to-back input
 projections (DeltaNet attn_gate | ssm_beta | ssm_alpha, attention attn_q | attn_k (| attn_v)) as one GEMM read in
 place (LUCEBOX_PREFILL_MERGE=on, the default) or one GEMM each (off; info "prefill_merge").
 
@@ -68,8 +68,7 @@ import numpy as np
 
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.engines.base import EngineStats, Tree, VerifyResult, check_room, checked_path, checked_tokens
-from lucebox_cli.engines.dflash_layers import (AttnLayer, Buffers, GdnLayer, Layers, Mat, Pass, prefill_gu_mode,
-                                              prefill_merge_mode)
+from lucebox_cli.engines.dflash_layers import AttnLayer, Buffers, GdnLayer, Layers, Mat, Pass
 from lucebox_cli.engines.dflash_upload import QTYPE_IDS, EmbeddingRows, Entry, arena_bytes, device_bytes, upload_plan
 from lucebox_cli.engines.gdn_tree_plan import save_plan
 from lucebox_cli.errors import EngineUnavailable, LuceboxError, UsageError
@@ -119,6 +118,34 @@ def prefill_gemm_path(lib: Any, env: Optional[dict] = None) -> str:
         raise EngineUnavailable(f"{GEMM_ENV}=cublas but no cuBLAS is loaded in this library",
                                 hint=f"unset {GEMM_ENV} (auto) or set it to own")
     return "cublas" if ready else "own"
+
+
+PREFILL_GU_ENV = "LUCEBOX_PREFILL_GU"
+PREFILL_GU_MODES = ("merged16", "split")
+PREFILL_MERGE_ENV = "LUCEBOX_PREFILL_MERGE"
+PREFILL_MERGE_MODES = ("on", "off")
+
+
+def _choice(name: str, modes: tuple[str, ...], env: Optional[dict]) -> str:
+    """The value of knob `name` among `modes` (unset or empty: the first); anything else is a UsageError."""
+    v = (os.environ if env is None else env).get(name, modes[0]).strip().lower() or modes[0]
+    if v not in modes:
+        raise UsageError(f"{name}={v!r}: expected one of {', '.join(modes)}")
+    return v
+
+
+def prefill_gu_mode(env: Optional[dict] = None) -> str:
+    """LUCEBOX_PREFILL_GU (read once, at engine creation): "merged16" (the default since session 13's measurement:
+    Layers._gu_merged16) or "split" (the two fp32-output GEMMs and lb_df_swiglu_f16). Anything else is a
+    UsageError."""
+    return _choice(PREFILL_GU_ENV, PREFILL_GU_MODES, env)
+
+
+def prefill_merge_mode(env: Optional[dict] = None) -> str:
+    """LUCEBOX_PREFILL_MERGE (read once, at engine creation): "on" (the default: Layers.zab_plan and qkv_plan) or
+    "off" (one GEMM per matrix, lb_gdn_prefill and lb_attn_prep on packed outputs). Anything else is a
+    UsageError."""
+    return _choice(PREFILL_MERGE_ENV, PREFILL_MERGE_MODES, env)
 
 
 def open_gpu(profile: Optional[str] = None) -> tuple[Any, Any]:
@@ -206,9 +233,8 @@ class DFlashTargetEngine:
             mats, vecs = self._upload(entries)
             self._bufs = self._carve(mats)
             self._stream = self._new_stream()
-            self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context, self._stream)
-            self._layers.prefill_gu = self.prefill_gu
-            self._layers.prefill_merge = self.prefill_merge
+            self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context, self._stream,
+                                  prefill_gu=self.prefill_gu, prefill_merge=self.prefill_merge)
             self._tied_emb = mats.get("token_embd.weight")
             self.use_graphs = graphs_default() and self._graphs_supported()
         except BaseException:

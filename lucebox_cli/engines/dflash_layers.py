@@ -47,13 +47,11 @@ every call of the same (mode, t).
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from lucebox_cli.engines.dflash_upload import Q4K_TILED, Q6K_TILED
 from lucebox_cli.engines.memory_plan import ATTN_SPLITS_MANY, ATTN_SPLITS_ONE, CHUNK, CUBLAS_MIN_ROWS
-from lucebox_cli.errors import UsageError
 from lucebox_cli.models.qwen35 import Qwen35Config
 
 F32 = 4
@@ -223,8 +221,16 @@ class Layers:
     """Issues one pass's calls. `lib` is an _lib.Lib (or the CPU emulation in the unit tests)."""
 
     def __init__(self, lib: Any, cfg: Qwen35Config, mats: dict[str, Mat], vecs: dict[str, int], bufs: Buffers,
-                 max_ctx: int, stream: Optional[int] = None):
+                 max_ctx: int, stream: Optional[int] = None, prefill_gu: str = "merged16", prefill_merge: str = "on"):
         self.lib, self.cfg, self.m, self.v, self.b, self.max_ctx = lib, cfg, mats, vecs, bufs, max_ctx
+        # how a cuBLAS pass runs the FFN's gate + up (engines/dflash.py's prefill_gu_mode, LUCEBOX_PREFILL_GU):
+        # "merged16", where _gu_merged allows, one fp16-output GEMM over both (lb_gemm_q_cublas_x16_h) and
+        # lb_df_swiglu_f16_rows; "split", one fp32-output GEMM per matrix and lb_df_swiglu_f16 over the two
+        self.prefill_gu = prefill_gu
+        # how a cuBLAS pass runs a mixer's input projections (prefill_merge_mode, LUCEBOX_PREFILL_MERGE): "on", where
+        # zab_plan / qkv_plan allow, back-to-back tensors as one GEMM whose rows the mixer reads in place with their
+        # strides; "off", one GEMM per matrix
+        self.prefill_merge = prefill_merge
         self.stream = stream  # every call's last argument
         self.state: Optional[int] = None  # device int32 {n_past, token, steps}: what captured passes read
         self.tap_buf: Optional[int] = None  # [taps, CHUNK, hidden] fp32: captured passes copy tap rows here
@@ -251,6 +257,9 @@ class Layers:
         # path reads packed rows only)
         self.gdn_ld = (fn is not None and hasattr(fn, "lb_gdn_prefill_ld") and hasattr(fn, "lb_deltanet_chunked_path")
                        and fn.lb_deltanet_chunked_path() == 1)
+        # the other entry points those prefill forms need (qkv_plan, _gu_merged)
+        self.attn_prep_ld = fn is not None and hasattr(fn, "lb_attn_prep_ld")
+        self.gu16 = fn is not None and hasattr(fn, "lb_gemm_q_cublas_x16_h") and hasattr(fn, "lb_df_swiglu_f16_rows")
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
@@ -494,18 +503,11 @@ class Layers:
         self._call("lb_df_swiglu", gate, up, b.act, t * ffn, self.stream)
         self.matmul(pre + "ffn_down.weight", b.act, b.x, t)
 
-    # How a cuBLAS pass runs the FFN's gate + up (engines/dflash.py sets it at creation from LUCEBOX_PREFILL_GU,
-    # prefill_gu_mode): "split", one fp32-output GEMM per matrix and lb_df_swiglu_f16 over the two; "merged16", where
-    # _gu_merged allows, one fp16-output GEMM over both (lb_gemm_q_cublas_x16_h) and lb_df_swiglu_f16_rows.
-    prefill_gu: str = "merged16"
-
     def _gu_merged(self, names: tuple[str, str]) -> bool:
         """Whether a cuBLAS pass's gate + up run as one fp16-output GEMM: the knob says merged16, the library has both
         entry points, and the two matrices are one tensor of 2·ffn rows (back to back, same Q4_K/Q5_K type and K:
         _adjacent) of ffn rows each."""
-        fn = getattr(self.lib, "fn", None)
-        if self.prefill_gu != "merged16" or fn is None or not hasattr(fn, "lb_gemm_q_cublas_x16_h") or not hasattr(
-                fn, "lb_df_swiglu_f16_rows"):
+        if self.prefill_gu != "merged16" or not self.gu16:
             return False
         g, u = self.m[names[0]], self.m[names[1]]
         return g.rows == u.rows == self.cfg.ffn and self._adjacent(*names)
@@ -550,17 +552,12 @@ class Layers:
                           cfg.eps, self.stream)
         self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
 
-    # How a cuBLAS pass runs a mixer's input projections (engines/dflash.py sets it at creation from
-    # LUCEBOX_PREFILL_MERGE, prefill_merge_mode): "on", where zab_plan / qkv_plan allow, back-to-back tensors as one
-    # GEMM whose rows the mixer reads in place with their strides; "off", one GEMM per matrix.
-    prefill_merge: str = "on"
-
     def zab_plan(self, names: tuple[str, ...], p: Pass) -> Optional[int]:
         """ld, their summed rows, where a prefill pass on the cuBLAS path runs (attn_gate, ssm_beta, ssm_alpha) as one
         GEMM and lb_gdn_prefill_ld reads its [t, ld] rows in place (z, beta and alpha at stride ld); else None (three
-        GEMMs). Why: the two 48-row products cost a dequantization, a narrow GEMM and two
-        launch gaps each (~1.1 ms of the 27B's pp520 in all, docs/perf.md). Needs the three back to back in the arena
-        (one tensor) and a stride % 4 == 0 (the output norm's float4 rows)."""
+        GEMMs). Why: the two 48-row products cost a dequantization, a narrow GEMM and two launch gaps each (~1.1 ms of
+        the 27B's pp520 in all, docs/perf.md). Needs the three back to back in the arena (one tensor) and a stride %
+        4 == 0 (the output norm's float4 rows)."""
         if p.mode != "prefill" or not self._cublas(p.t) or not self.gdn_ld or self.prefill_merge != "on":
             return None
         if not (self._adjacent(names[0], names[1]) and self._adjacent(names[1], names[2])):
@@ -574,8 +571,7 @@ class Layers:
         where attn_v is another type: Q6_K in half the 27B's attention layers) and lb_attn_prep_ld / lb_attn_causal
         read the rows in place; else None. Why: attn_k and attn_v (1,024 rows each) are narrow GEMMs with a
         dequantization and two launch gaps each (~20 µs a layer at pp520, docs/perf.md)."""
-        if (p.mode != "prefill" or not self._cublas(p.t) or self.prefill_merge != "on"
-                or not hasattr(getattr(self.lib, "fn", None), "lb_attn_prep_ld")):
+        if p.mode != "prefill" or not self._cublas(p.t) or self.prefill_merge != "on" or not self.attn_prep_ld:
             return None
         if not self._adjacent(names[0], names[1]):
             return None
@@ -713,29 +709,3 @@ class Layers:
                 self._call("lb_df_kv_compact", cache, b.path, n, n_past, cfg.n_kv_heads, self.max_ctx,
                            cfg.head_dim, self.stream)
 
-
-PREFILL_GU_ENV = "LUCEBOX_PREFILL_GU"
-PREFILL_GU_MODES = ("merged16", "split")
-PREFILL_MERGE_ENV = "LUCEBOX_PREFILL_MERGE"
-PREFILL_MERGE_MODES = ("on", "off")
-
-
-def _mode(name: str, modes: tuple[str, ...], env: Optional[dict]) -> str:
-    v = (os.environ if env is None else env).get(name, modes[0]).strip().lower() or modes[0]
-    if v not in modes:
-        raise UsageError(f"{name}={v!r}: expected one of {', '.join(modes)}")
-    return v
-
-
-def prefill_gu_mode(env: Optional[dict] = None) -> str:
-    """LUCEBOX_PREFILL_GU (read once, at engine creation): "merged16" (the default since session 13's measurement:
-    Layers._gu_merged16) or "split" (the two fp32-output GEMMs and lb_df_swiglu_f16). Anything else is a
-    UsageError."""
-    return _mode(PREFILL_GU_ENV, PREFILL_GU_MODES, env)
-
-
-def prefill_merge_mode(env: Optional[dict] = None) -> str:
-    """LUCEBOX_PREFILL_MERGE (read once, at engine creation): "on" (the default: Layers.zab_plan and qkv_plan) or
-    "off" (one GEMM per matrix, lb_gdn_prefill and lb_attn_prep on packed outputs). Anything else is a
-    UsageError."""
-    return _mode(PREFILL_MERGE_ENV, PREFILL_MERGE_MODES, env)

@@ -20,8 +20,8 @@ from lucebox_cli.config import get_profile
 from lucebox_cli.engines import _lib
 from lucebox_cli.engines import memory_plan as mp
 from lucebox_cli.engines.cpu import CPUEngine
-from lucebox_cli.engines.dflash import DFlashTargetEngine, prefill_gemm_path
-from lucebox_cli.engines.dflash_layers import Pass, prefill_gu_mode, prefill_merge_mode
+from lucebox_cli.engines.dflash import DFlashTargetEngine, prefill_gemm_path, prefill_gu_mode, prefill_merge_mode
+from lucebox_cli.engines.dflash_layers import Pass
 from lucebox_cli.errors import EngineUnavailable, UsageError
 from lucebox_cli.models.qwen35_gguf import load_model_gguf
 
@@ -179,8 +179,9 @@ def test_emulated_engine_on_the_cublas_path(gguf, graphs, monkeypatch):
     lb_gemm_q_cublas / lb_gemm_q_cublas_x16 on fp16 inputs from the norm and SwiGLU (one call per matrix, with the plan's scratch), its 44-row tail and the verify after it stay
     on small-N (never inside a capture), and logits match the CPU engine as the small-N path does."""
     monkeypatch.delenv("LUCEBOX_PREFILL_GEMM", raising=False)
-    monkeypatch.setenv("LUCEBOX_PREFILL_GU", "split")  # the per-matrix form (merged16: test_emulated_engine_gate_up_merged16)
-    monkeypatch.setenv("LUCEBOX_PREFILL_MERGE", "off")  # (on: test_emulated_prefill_merge_matches_per_matrix_gemms)
+    # the per-matrix forms (merged16: test_emulated_engine_gate_up_merged16; merge on: the Hv = 16 test below)
+    monkeypatch.setenv("LUCEBOX_PREFILL_GU", "split")
+    monkeypatch.setenv("LUCEBOX_PREFILL_MERGE", "off")
     cfg, weights = load_model_gguf(gguf)[:2]
     lib = FakeLib(graphs=graphs, blas=True)
     gpu = DFlashTargetEngine(gguf, max_context=512, budget=22, tap_layers=(0, 2), lib=lib, card_bytes=8 << 30,
