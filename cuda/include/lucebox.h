@@ -354,17 +354,6 @@ LB_API int lb_gdn_decode_step(const void* pre, const void* a, const void* b, con
 /* 1 where lb_gdn_decode_step(t, hk, hv) runs one fused kernel on the current device (t == 1, Hv / Hk <= 8,
  * sm_90 clusters, LUCEBOX_GDN_DECODE != "split"), 0 where it runs conv_prep + delta + out_norm. */
 LB_API int lb_gdn_decode_path(int t, int hk, int hv);
-/* One decode token of a layer (lb_gdn_decode_step at t = 1: conv_state, state and y as there) AND its
- * out-projection in the same kernel: out[out_rows] += W_out · y, W_out [out_rows, Hv*128] of out_qtype
- * (LB_QT_TILED | 12, tiled Q4_K, is the one taken), fp32 atomics into out (the residual stream): the sum of
- * lb_gdn_decode_step and lb_gemv_q to fp32 rounding. LB_ERR_UNSUPPORTED where lb_gdn_decode_out_path says 0. */
-LB_API int lb_gdn_decode_step_out(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,
-                                  const void* ssm_a, const void* dt_bias, const void* norm_w, void* conv_state,
-                                  void* state, void* y, const void* w_out, int out_qtype, int out_rows, void* out,
-                                  int hk, int hv, float eps, void* stream);
-/* 1 where lb_gdn_decode_step_out runs on the current device for these shapes (sm_90 clusters, the fused push
- * form, Hv / Hk <= 4, tiled Q4_K W_out, out_rows % 16 == 0, all Hk clusters resident at once), else 0. */
-LB_API int lb_gdn_decode_out_path(int hk, int hv, int out_qtype, int out_rows);
 /* Verify of one layer: conv_prep along parents into the caller's q, k, v, g, beta (keep them for
  * lb_gdn_commit), the tree delta into o (state and conv_state are only read), out_norm into y. */
 LB_API int lb_gdn_tree_verify(const void* pre, const void* a, const void* b, const void* z, const void* conv_w,

@@ -57,13 +57,10 @@
 // before pdl_wait, everything a predecessor writes after it; every thread waits).
 #include <cooperative_groups.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #include "gdn.cuh"
-#include "gdn_out_tail.cuh"
 #include "gdn_ops.h"
 #include "lb_check.cuh"
 #include "lb_pdl.cuh"
@@ -105,25 +102,13 @@ __device__ __forceinline__ void cluster_wait() {
 //    read-only loads are scheduled after it), so their DRAM latency overlaps the predecessor.
 // (A third form, "pushpf", also prefetched the state slice and conv taps to L2 before pdl_wait; it measured
 // slower than push and was removed: docs/perf.md, the same section.)
-//
-// kOut (push only; lb_gdn_decode_step_out): the layer's out-projection too, out += W_out · y (gdn_out_tail.cuh):
-// out::kThreads threads whatever r is (warps >= 2r take no state slice: they stage weights, and every warp runs the
-// tail), W_out's half blocks of the cluster's heads staged into dynamic shared memory before pdl_wait (the first
-// out_cap units; the rest prefetched to L2), two blocks per SM (gdn_out_tail.cuh says why).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define LB_GDN_FUSED_BOUNDS(O) __launch_bounds__((O) ? out::kThreads : FUSED_MAX_THREADS, (O) ? 2 : 0)
-#else
-#define LB_GDN_FUSED_BOUNDS(O) __launch_bounds__((O) ? out::kThreads : FUSED_MAX_THREADS)
-#endif
-template <bool kPush, bool kOut = false>
-__global__ void LB_GDN_FUSED_BOUNDS(kOut)
+template <bool kPush>
+__global__ void __launch_bounds__(FUSED_MAX_THREADS)
     decode_fused_kernel(const float* __restrict__ pre, const float* __restrict__ a, const float* __restrict__ b,
                         const float* __restrict__ z, const float* __restrict__ conv_w,
                         const float* __restrict__ ssm_a, const float* __restrict__ dt_bias,
                         const float* __restrict__ norm_w, float* __restrict__ conv_state,
-                        float* __restrict__ state, float* __restrict__ y, int hk, int hv, float eps,
-                        const uint8_t* __restrict__ w_out = nullptr, float* __restrict__ out_x = nullptr,
-                        int out_rows = 0, int out_cap = 0) {
+                        float* __restrict__ state, float* __restrict__ y, int hk, int hv, float eps) {
 #if LB_HAS_SM90
     constexpr int QK_CHUNKS = 2 * D / 32;       // q / k channels in warp-sized chunks: 4 q, 4 k
     constexpr int QK_PER_WARP = QK_CHUNKS / 2;  // chunks a warp takes at most (2 warps, r = 1)
@@ -135,9 +120,7 @@ __global__ void LB_GDN_FUSED_BOUNDS(kOut)
     __shared__ __align__(16) float vs[FUSED_RMAX][DVS];  // v of this block's 16 columns, per value head
     __shared__ float ab[FUSED_RMAX][2];                  // α, β per value head
     // pull: o of this block's columns (read by the peers); push: o of all 128 columns (written by the peers)
-    __shared__ __align__(16) float os[kOut ? out::kMaxR : FUSED_RMAX][kPush ? D : DVS];
-    __shared__ __align__(16) out::XFrag xfr[kOut ? out::kMaxR : 1];  // kOut: y of each head as B fragments
-    extern __shared__ __align__(16) uint8_t wsm[];                    // kOut: the staged W_out units
+    __shared__ __align__(16) float os[FUSED_RMAX][kPush ? D : DVS];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int r = hv / hk, nwarps = blockDim.x >> 5;  // blockDim.x == 64 r
@@ -158,7 +141,6 @@ __global__ void LB_GDN_FUSED_BOUNDS(kOut)
     const int yp = kh + warp * hk;
 
     // This thread's state slice (used below the wait): see "The state slice first".
-    const bool s_role = !kOut || warp < 2 * r;  // kOut: warps >= 2r hold no state slice
     const int cq = lane & 1, rg = lane >> 1;
     const int sm_m = warp >> 1, p = kh + sm_m * hk;  // this warp's value head
     const int wc = (warp & 1) * DELTA_WCOLS + 4 * cq, col = c0 + wc;
@@ -183,22 +165,15 @@ __global__ void LB_GDN_FUSED_BOUNDS(kOut)
     const float4 wv = v_role ? w4(conv_w + (size_t)v_ch * KCONV) : make_float4(0.f, 0.f, 0.f, 0.f);
     float sa = 0.f, db = 0.f;
     if (ab_m >= 0 && ab_m < r) sa = w1(ssm_a + (kh + ab_m * hk)), db = w1(dt_bias + (kh + ab_m * hk));
-    const bool z_role = kOut ? warp < r : y_role;  // kOut: every lane of the norm warps needs y, not only 4
-    const float4 nw = z_role ? w4(norm_w + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
-    // kOut: this block's 16-row tiles of W_out [tile0, tile0 + nt), staged now (constant: before the wait)
-    const int tile0 = kOut ? j * out::tiles_per_block(out_rows) : 0;
-    const int nt = kOut ? max(0, min(out::tiles_per_block(out_rows), out_rows / 16 - tile0)) : 0;
-    if constexpr (kOut) out::stage_weights(wsm, w_out, hv * D / 256, tile0, nt, kh, hk, r, out_cap, tid, blockDim.x);
+    const float4 nw = y_role ? w4(norm_w + 4 * lane) : make_float4(0.f, 0.f, 0.f, 0.f);
     lb::pdl_wait();
 
     // The state slice first: the longest latency, in flight while the conv runs.
     float S[ROWS_PER_THREAD][4];
-    if (s_role) {
 #pragma unroll
-        for (int mm = 0; mm < ROWS_PER_THREAD; ++mm) {
-            const float4 x = *reinterpret_cast<const float4*>(st + (size_t)(r0 + mm) * D + col);
-            S[mm][0] = x.x, S[mm][1] = x.y, S[mm][2] = x.z, S[mm][3] = x.w;
-        }
+    for (int mm = 0; mm < ROWS_PER_THREAD; ++mm) {
+        const float4 x = *reinterpret_cast<const float4*>(st + (size_t)(r0 + mm) * D + col);
+        S[mm][0] = x.x, S[mm][1] = x.y, S[mm][2] = x.z, S[mm][3] = x.w;
     }
     // Old windows (taps 0..2 of the conv state, the new input) of this thread's q / k and v channels.
     float xq[QK_PER_WARP][KCONV];
@@ -220,7 +195,7 @@ __global__ void LB_GDN_FUSED_BOUNDS(kOut)
     }
     float av = 0.f, bv = 0.f;
     if (ab_m >= 0 && ab_m < r) av = a[kh + ab_m * hk], bv = b[kh + ab_m * hk];
-    const float4 zz = z_role ? *reinterpret_cast<const float4*>(z + (size_t)yp * D + 4 * lane)  // z: ld Hv·128
+    const float4 zz = y_role ? *reinterpret_cast<const float4*>(z + (size_t)yp * D + 4 * lane)  // z: ld Hv·128
                              : make_float4(0.f, 0.f, 0.f, 0.f);
 
     // The conv, conv_prep_kernel's expression and order: ((x0 w0 + x1 w1) + x2 w2) + x3 w3
@@ -252,9 +227,7 @@ __global__ void LB_GDN_FUSED_BOUNDS(kOut)
     __syncthreads();
 
     // The delta rule, one step (delta_kernel<true> with n = 1), q / k normalised as conv_prep does.
-    if (!s_role) {
-        cluster_wait();  // phase 0, as the state warps do before their pushes (every thread waits once per arrive)
-    } else {
+    {
         const float qn = rsqrtf(red[0] + red[1] + red[2] + red[3] + 1e-6f);
         const float kn = rsqrtf(red[4] + red[5] + red[6] + red[7] + 1e-6f);
         const float scale = rsqrtf((float)D);
@@ -333,8 +306,7 @@ __global__ void LB_GDN_FUSED_BOUNDS(kOut)
         // the new state: the bulk of the kernel's stores, issued first; no fence waits for them now
 #pragma unroll
         for (int mm = 0; mm < ROWS_PER_THREAD; ++mm)
-            if (s_role)
-                __stcs(reinterpret_cast<float4*>(st + (size_t)(r0 + mm) * D + col),
+            __stcs(reinterpret_cast<float4*>(st + (size_t)(r0 + mm) * D + col),
                    make_float4(S[mm][0], S[mm][1], S[mm][2], S[mm][3]));
         if (v_role) {
             conv_state[v_ch] = xv[1];
@@ -363,22 +335,16 @@ __global__ void LB_GDN_FUSED_BOUNDS(kOut)
                                                                   4 * (lane & 3));
         const float ss = lb::warp_sum(x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w);
         const float rr = rsqrtf(ss / D + eps);
-        if (y_role || kOut) {
-            float4 yo;
-            yo.x = x.x * rr * nw.x * siluf_(zz.x);
-            yo.y = x.y * rr * nw.y * siluf_(zz.y);
-            yo.z = x.z * rr * nw.z * siluf_(zz.z);
-            yo.w = x.w * rr * nw.w * siluf_(zz.w);
-            if (y_role) *reinterpret_cast<float4*>(y + (size_t)yp * D + 4 * lane) = yo;
-            if constexpr (kOut) out::put_x(xfr[warp], yo, lane);
+        if (y_role) {
+            float4 out;
+            out.x = x.x * rr * nw.x * siluf_(zz.x);
+            out.y = x.y * rr * nw.y * siluf_(zz.y);
+            out.z = x.z * rr * nw.z * siluf_(zz.z);
+            out.w = x.w * rr * nw.w * siluf_(zz.w);
+            *reinterpret_cast<float4*>(y + (size_t)yp * D + 4 * lane) = out;
         }
     }
     if (!kPush) cluster.sync();  // (B) no block leaves while a peer may still read its shared memory
-    if constexpr (kOut) {
-        asm volatile("cp.async.wait_all;" ::: "memory");  // this thread's staged W_out chunks have landed
-        __syncthreads();                                   // ... and every thread's, and every head's x
-        out::tail(wsm, w_out, hv * D / 256, xfr, out_x, out_rows, tile0, nt, kh, hk, r, out_cap, warp, nwarps, lane);
-    }
 #endif
 }
 
@@ -387,9 +353,6 @@ __global__ void LB_GDN_FUSED_BOUNDS(kOut)
 // "push" or anything else: the push form (decode_fused_kernel<true>) where the fused kernel applies. Read once
 // per process.
 enum Variant { kSplit = 0, kPullV = 1, kPushV = 2 };
-using FusedKernel = void (*)(const float*, const float*, const float*, const float*, const float*, const float*,
-                             const float*, const float*, float*, float*, float*, int, int, float, const uint8_t*,
-                             float*, int, int);
 int variant() {
     static const int v = [] {
         const char* e = std::getenv("LUCEBOX_GDN_DECODE");
@@ -442,118 +405,11 @@ int decode_fused(const float* pre, const float* a, const float* b, const float* 
     cfg.attrs = attr;
     cfg.numAttrs = lb::pdl_enabled() ? 2 : 1;
     // the two forms share arguments, shape and launch; one build holds both (device_ok checks one image)
-    FusedKernel kernel = variant() == kPullV ? decode_fused_kernel<false> : decode_fused_kernel<true>;
+    void (*kernel)(const float*, const float*, const float*, const float*, const float*, const float*, const float*,
+                   const float*, float*, float*, float*, int, int, float) =
+        variant() == kPullV ? decode_fused_kernel<false> : decode_fused_kernel<true>;
     return (int)cudaLaunchKernelEx(&cfg, kernel, pre, a, b, z, conv_w, ssm_a, dt_bias, norm_w, conv_state, state, y,
-                                   hk, hv, eps, (const uint8_t*)nullptr, (float*)nullptr, 0, 0);
-}
-
-namespace {
-// The out form's launch shape, decided once per (device, Hk, r, rows) by decode_out_ok (which the engine asks before
-// it captures a graph: cudaFuncSetAttribute is not a stream operation, but nothing of the kind belongs in a capture):
-// `cap`, the units staged in shared memory, is what fits two blocks to an SM (gdn_out_tail.cuh says why), and the
-// form is refused unless all Hk clusters of 8 are resident at once at that size (a second wave would double the
-// layer's time). The kernel's shared-memory attribute only grows (one setting serves every smaller launch).
-struct OutShape {
-    int dev, hk, r, rows;
-    bool ok;
-    int cap;
-    size_t smem;
-};
-std::mutex out_mu;
-OutShape out_cache[32];
-int out_n = 0;
-size_t out_attr[16] = {};  // per device: the dynamic shared memory the kernel is set up for
-
-// LUCEBOX_GDN_OUT_CAP=<units> (read once per process; for A/B runs only): stage that many units instead of what two
-// blocks per SM leave room for (0: every unit from global memory after its L2 prefetch; a large value: all staged,
-// one block per SM), and skip the all-clusters-resident refusal.
-int out_cap_env() {
-    static const int v = [] {
-        const char* e = std::getenv("LUCEBOX_GDN_OUT_CAP");
-        return e && *e ? std::atoi(e) : -1;
-    }();
-    return v;
-}
-
-bool out_shape(int hk, int r, int out_rows, OutShape& got) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return false;
-    std::lock_guard<std::mutex> lock(out_mu);
-    for (int i = 0; i < out_n; ++i)
-        if (out_cache[i].dev == dev && out_cache[i].hk == hk && out_cache[i].r == r && out_cache[i].rows == out_rows)
-            return (got = out_cache[i]).ok;
-    OutShape e = {dev, hk, r, out_rows, false, 0, 0};
-    int per_sm = 0, reserved = 0;
-    cudaFuncAttributes fa = {};
-    if (cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) == cudaSuccess &&
-        cudaFuncGetAttributes(&fa, decode_fused_kernel<true, true>) == cudaSuccess) {
-        const long room = (long)per_sm / 2 - reserved - (long)fa.sharedSizeBytes;  // two blocks per SM
-        const int units = out::units_per_block(out_rows, r);
-        e.cap = (int)std::max(0L, std::min((long)units, room / out::kUnitBytes));
-        if (out_cap_env() >= 0) e.cap = std::min(units, out_cap_env());
-        e.smem = (size_t)e.cap * out::kUnitBytes;
-        e.ok = e.smem <= out_attr[dev] ||
-               cudaFuncSetAttribute(decode_fused_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)e.smem) == cudaSuccess;
-        if (e.ok) out_attr[dev] = std::max(out_attr[dev], e.smem);
-    }
-    if (e.ok) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(NSLICE, hk);
-        cfg.blockDim = dim3(out::kThreads);
-        cfg.dynamicSmemBytes = e.smem;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = NSLICE;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        int clusters = 0;
-        e.ok = cudaOccupancyMaxActiveClusters(&clusters, decode_fused_kernel<true, true>, &cfg) == cudaSuccess &&
-               (clusters >= hk || out_cap_env() >= 0);
-    }
-    if (!e.ok) (void)cudaGetLastError();
-    if (out_n < 32) out_cache[out_n++] = e;
-    got = e;
-    return e.ok;
-}
-
-bool out_shape_ok(int hk, int hv, int out_qtype, int out_rows, OutShape& got) {
-    if (!(hk >= 1 && hv >= hk && hv % hk == 0 && hv / hk <= out::kMaxR && (hv * D) % 256 == 0)) return false;
-    if (out_qtype != lb::q::Q4_K_T || out_rows < 16 || out_rows % 16 != 0) return false;
-    return variant() == kPushV && device_ok() && out_shape(hk, hv / hk, out_rows, got);
-}
-}  // namespace
-
-bool decode_out_ok(int hk, int hv, int out_qtype, int out_rows) {
-    OutShape e;
-    return out_shape_ok(hk, hv, out_qtype, out_rows, e);
-}
-
-int decode_out(const float* pre, const float* a, const float* b, const float* z, const float* conv_w,
-               const float* ssm_a, const float* dt_bias, const float* norm_w, float* conv_state, float* state,
-               float* y, const uint8_t* w_out, int out_qtype, int out_rows, float* out_x, int hk, int hv, float eps,
-               cudaStream_t s) {
-    OutShape e;
-    if (!out_shape_ok(hk, hv, out_qtype, out_rows, e)) return (int)cudaErrorNotSupported;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(NSLICE, hk);
-    cfg.blockDim = dim3(out::kThreads);
-    cfg.dynamicSmemBytes = e.smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = NSLICE;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = lb::pdl_enabled() ? 2 : 1;
-    return (int)cudaLaunchKernelEx(&cfg, decode_fused_kernel<true, true>, pre, a, b, z, conv_w, ssm_a, dt_bias, norm_w,
-                                   conv_state, state, y, hk, hv, eps, w_out, out_x, out_rows, e.cap);
+                                   hk, hv, eps);
 }
 
 }  // namespace gdn
@@ -561,29 +417,3 @@ int decode_out(const float* pre, const float* a, const float* b, const float* z,
 // 1: lb_gdn_decode_step(t, hk, hv) runs the fused kernel on the current device; 0: the three-kernel
 // path (LUCEBOX_GDN_DECODE=split, t > 1, Hv / Hk > 8, no clusters). For tests and benches.
 extern "C" LB_API int lb_gdn_decode_path(int t, int hk, int hv) { return gdn::decode_fused_ok(t, hk, hv) ? 1 : 0; }
-
-// 1: lb_gdn_decode_step_out(hk, hv, W_out of out_qtype with out_rows rows) runs the mixer and the out-projection as
-// one kernel on the current device (Q4_K_T W_out, Hv / Hk <= 4, 128·Hv a multiple of 256, the fused push form, and
-// all Hk clusters resident at once at the staged size); 0: it returns LB_ERR_UNSUPPORTED (the caller runs
-// lb_gdn_decode_step and lb_gemv_q).
-extern "C" LB_API int lb_gdn_decode_out_path(int hk, int hv, int out_qtype, int out_rows) {
-    return gdn::decode_out_ok(hk, hv, out_qtype, out_rows) ? 1 : 0;
-}
-
-extern "C" LB_API int lb_gdn_decode_step_out(const void* pre, const void* a, const void* b, const void* z,
-                                             const void* conv_w, const void* ssm_a, const void* dt_bias,
-                                             const void* norm_w, void* conv_state, void* state, void* y,
-                                             const void* w_out, int out_qtype, int out_rows, void* out, int hk,
-                                             int hv, float eps, void* stream) {
-    LB_CHECK_ARG(pre && a && b && z && conv_w && ssm_a && dt_bias && norm_w && conv_state && state && y && w_out &&
-                     out,
-                 "null pointer");
-    if (!gdn::decode_out_ok(hk, hv, out_qtype, out_rows)) return LB_ERR_UNSUPPORTED;
-    auto f = [](const void* p) { return static_cast<const float*>(p); };
-    auto m = [](void* p) { return static_cast<float*>(p); };
-    LB_CUDA_TRY((cudaError_t)gdn::decode_out(f(pre), f(a), f(b), f(z), f(conv_w), f(ssm_a), f(dt_bias), f(norm_w),
-                                             m(conv_state), m(state), m(y), static_cast<const uint8_t*>(w_out),
-                                             out_qtype, out_rows, m(out), hk, hv, eps,
-                                             static_cast<cudaStream_t>(stream)));
-    return LB_OK;
-}

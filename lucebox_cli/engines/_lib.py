@@ -199,9 +199,6 @@ DECLS: dict[str, tuple[Any, list[Any]]] = {
     "lb_gdn_step_scratch_bytes": (c_uint64, [c_int, c_int, c_int]),
     "lb_gdn_decode_step": (c_int, [ctypes.c_void_p] * 12 + [c_int] * 3 + [ctypes.c_float, ctypes.c_void_p]),
     "lb_gdn_decode_path": (c_int, [c_int] * 3),
-    "lb_gdn_decode_step_out": (c_int, [ctypes.c_void_p] * 12 + [c_int] * 2 + [ctypes.c_void_p] + [c_int] * 2
-                               + [ctypes.c_float, ctypes.c_void_p]),
-    "lb_gdn_decode_out_path": (c_int, [c_int] * 4),
     "lb_gdn_tree_verify": (c_int, [ctypes.c_void_p] * 18 + [c_int, ctypes.c_void_p] + [c_int] * 3
                            + [ctypes.c_float, ctypes.c_void_p]),
     "lb_gdn_chunked_scratch_bytes": (c_uint64, [c_int, c_int]),

@@ -45,9 +45,7 @@ auto is cublas when the library's cuBLAS is loaded (_lib.cublas_ready), else own
 run as one fp16-output GEMM over both (LUCEBOX_PREFILL_GU=merged16, the default) or as two fp32-output GEMMs
 (split; prefill_gu_mode, read at creation, info "prefill_gu"), and a mixer's back-to-back input
 projections (DeltaNet attn_gate | ssm_beta | ssm_alpha, attention attn_q | attn_k (| attn_v)) as one GEMM read in
-place (LUCEBOX_PREFILL_MERGE=on, the default) or one GEMM each (off; info "prefill_merge"). A decode step's
-DeltaNet layer runs its ssm_out inside the mixer kernel (lb_gdn_decode_step_out) where the library allows
-(LUCEBOX_GDN_OUT=fused; split, the default: the mixer kernel, then a GEMV; gdn_out_mode, info "gdn_out").
+place (LUCEBOX_PREFILL_MERGE=on, the default) or one GEMM each (off; info "prefill_merge").
 
 What is not built yet, said rather than hidden: logits come back to
 the host for every row a sampling (T > 0) caller needs, captured tap features are kept on the host (`features`,
@@ -126,8 +124,6 @@ PREFILL_GU_ENV = "LUCEBOX_PREFILL_GU"
 PREFILL_GU_MODES = ("merged16", "split")
 PREFILL_MERGE_ENV = "LUCEBOX_PREFILL_MERGE"
 PREFILL_MERGE_MODES = ("on", "off")
-GDN_OUT_ENV = "LUCEBOX_GDN_OUT"
-GDN_OUT_MODES = ("split", "fused")
 
 
 def _choice(name: str, modes: tuple[str, ...], env: Optional[dict]) -> str:
@@ -150,13 +146,6 @@ def prefill_merge_mode(env: Optional[dict] = None) -> str:
     "off" (one GEMM per matrix, lb_gdn_prefill and lb_attn_prep on packed outputs). Anything else is a
     UsageError."""
     return _choice(PREFILL_MERGE_ENV, PREFILL_MERGE_MODES, env)
-
-
-def gdn_out_mode(env: Optional[dict] = None) -> str:
-    """LUCEBOX_GDN_OUT (read once, at engine creation): "split" (the default: lb_gdn_decode_step, then ssm_out as its
-    own GEMV) or "fused" (a decode step's DeltaNet mixer kernel also runs ssm_out where the library allows,
-    Layers.gdn_out_layers; measured 8-14% slower on the H200, docs/perf.md). Anything else is a UsageError."""
-    return _choice(GDN_OUT_ENV, GDN_OUT_MODES, env)
 
 
 def open_gpu(profile: Optional[str] = None) -> tuple[Any, Any]:
@@ -239,14 +228,13 @@ class DFlashTargetEngine:
         self._use_graphs, self._graph_ready, self._card = False, False, card
         self.prefill_gu = prefill_gu_mode()  # before any upload: a bad value fails at once
         self.prefill_merge = prefill_merge_mode()
-        self.gdn_out = gdn_out_mode()
         self.step_pdl = step_pdl_default()  # read before the first capture (the step graph's)
         try:
             mats, vecs = self._upload(entries)
             self._bufs = self._carve(mats)
             self._stream = self._new_stream()
             self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context, self._stream,
-                                  prefill_gu=self.prefill_gu, prefill_merge=self.prefill_merge, gdn_out=self.gdn_out)
+                                  prefill_gu=self.prefill_gu, prefill_merge=self.prefill_merge)
             self._tied_emb = mats.get("token_embd.weight")
             self.use_graphs = graphs_default() and self._graphs_supported()
         except BaseException:
@@ -267,15 +255,10 @@ class DFlashTargetEngine:
                      "prefill_merge": self.prefill_merge if self.prefill_gemm == "cublas" else None,
                      # in every bench row: a run says how it was made
                      "attn_decode": attn_decode_path(self._layers.fused_decode),
-                     # decode DeltaNet layers whose ssm_out runs inside the mixer kernel ("fused: 48/48"), as run
-                     "gdn_out": f"{self.gdn_out}: {len(self._layers.gdn_out_layers)}/{self._n_deltanet()}",
                      "q4k_tile": any(e.tiled and e.ggml_type == "Q4_K" for e in entries),
                      "q6k_tile": any(e.tiled and e.ggml_type == "Q6_K" for e in entries)}
         self.last_verify_ms: Optional[float] = None
         self.reset()
-
-    def _n_deltanet(self) -> int:
-        return sum(not self.cfg.is_attention(i) for i in range(self.cfg.n_layers))
 
     def _gu_info(self) -> str:
         """info["prefill_gu"]: the mode LUCEBOX_PREFILL_GU asked for, as the layers will run it."""

@@ -221,8 +221,7 @@ class Layers:
     """Issues one pass's calls. `lib` is an _lib.Lib (or the CPU emulation in the unit tests)."""
 
     def __init__(self, lib: Any, cfg: Qwen35Config, mats: dict[str, Mat], vecs: dict[str, int], bufs: Buffers,
-                 max_ctx: int, stream: Optional[int] = None, prefill_gu: str = "merged16", prefill_merge: str = "on",
-                 gdn_out: str = "split"):
+                 max_ctx: int, stream: Optional[int] = None, prefill_gu: str = "merged16", prefill_merge: str = "on"):
         self.lib, self.cfg, self.m, self.v, self.b, self.max_ctx = lib, cfg, mats, vecs, bufs, max_ctx
         # how a cuBLAS pass runs the FFN's gate + up (engines/dflash.py's prefill_gu_mode, LUCEBOX_PREFILL_GU):
         # "merged16", where _gu_merged allows, one fp16-output GEMM over both (lb_gemm_q_cublas_x16_h) and
@@ -261,27 +260,6 @@ class Layers:
         # the other entry points those prefill forms need (qkv_plan, _gu_merged)
         self.attn_prep_ld = fn is not None and hasattr(fn, "lb_attn_prep_ld")
         self.gu16 = fn is not None and hasattr(fn, "lb_gemm_q_cublas_x16_h") and hasattr(fn, "lb_df_swiglu_f16_rows")
-        # a decode step's DeltaNet layers whose mixer kernel also runs ssm_out (lb_gdn_decode_step_out: no GEMV launch
-        # of its own; engines/dflash.py's gdn_out_mode, LUCEBOX_GDN_OUT): asked here, once, because the library sets
-        # the kernel's shared-memory size in that query, which must not happen inside a graph capture
-        self.gdn_out_layers = self._gdn_out_layers(fn) if gdn_out == "fused" else frozenset()
-
-    def _gdn_out_layers(self, fn: Any) -> frozenset:
-        """The DeltaNet layers whose ssm_out the library can fold into the decode step (its type and rows, the head
-        counts, the device: lb_gdn_decode_out_path)."""
-        if fn is None or not hasattr(fn, "lb_gdn_decode_step_out") or not hasattr(fn, "lb_gdn_decode_out_path"):
-            return frozenset()
-        cfg, ok, asked = self.cfg, set(), {}
-        for i in range(cfg.n_layers):
-            w = None if cfg.is_attention(i) else self.m.get(f"blk.{i}.ssm_out.weight")
-            if w is None:
-                continue
-            key = (w.qtype, w.rows, w.k)
-            if key not in asked:
-                asked[key] = w.k == cfg.hv * 128 and fn.lb_gdn_decode_out_path(cfg.hk, cfg.hv, w.qtype, w.rows) == 1
-            if asked[key]:
-                ok.add(i)
-        return frozenset(ok)
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
@@ -564,12 +542,6 @@ class Layers:
             self.matmul(pre + "ssm_out.weight", b.act, b.x, p.t)
             return
         self.matmuls(names, b.h, [qkv, z, beta_in, a], p.t)
-        if p.mode == "step" and i in self.gdn_out_layers:
-            # the mixer and ssm_out in one kernel: x += W_out y from the cluster that holds y (b.act is written too)
-            wo = self.m[pre + "ssm_out.weight"]
-            self._call("lb_gdn_decode_step_out", qkv, a, beta_in, z, *w, L.conv, L.state, b.act, wo.ptr, wo.qtype,
-                       wo.rows, b.x, cfg.hk, cfg.hv, cfg.eps, self.stream)
-            return
         if p.mode == "tree":
             self._call("lb_gdn_tree_verify", qkv, a, beta_in, z, *w, L.conv, L.state, b.parents, b.tree_q, L.t_k,
                           L.t_v, L.t_g, L.t_beta, b.tree_o, b.saves, p.max_saves, b.act, p.t, cfg.hk, cfg.hv,

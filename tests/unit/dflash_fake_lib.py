@@ -394,17 +394,6 @@ class FakeLib:
     def lb_gdn_decode_path(self, t, hk, hv):
         return 0  # the numpy step above is the three-op path's math; there is no fused kernel here
 
-    def lb_gdn_decode_out_path(self, hk, hv, qtype, rows):
-        # the library's shape rules (tiled Q4_K W_out, Hv / Hk <= 4, whole 16-row tiles, 128·Hv of whole blocks)
-        return int(self.fused and qtype == 268 and hv % hk == 0 and hv // hk <= 4 and rows % 16 == 0
-                   and hv * D % 256 == 0)
-
-    def lb_gdn_decode_step_out(self, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, w_out, qtype, rows, out,
-                               hk, hv, eps, s):
-        assert self.lb_gdn_decode_out_path(hk, hv, qtype, rows), "decode_step_out outside its shapes"
-        self.lb_gdn_decode_step(pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, None, 1, hk, hv, eps, s)
-        self.lb_gemv_q(qtype, w_out, rows, hv * D, y, out, 1, s)
-
     def lb_gdn_prefill(self, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, scratch, t, hk, hv, eps, s):
         self._sequence(gated_delta_chunked, pre, a, b, z, conv_w, ssm_a, dt, norm_w, conv, state, y, t, hk, hv, eps)
 

@@ -414,42 +414,6 @@ def test_decode_step_attention_calls(gguf, cpu_model, fused):
     gpu.close()
 
 
-@pytest.mark.parametrize("mode", ["fused", "split"])
-def test_decode_step_gdn_out_calls(gguf, cpu_model, monkeypatch, mode):
-    """LUCEBOX_GDN_OUT=fused: a decode step's DeltaNet layer is one lb_gdn_decode_step_out call (the
-    mixer and ssm_out) where the library takes the shapes, no ssm_out GEMV; split: lb_gdn_decode_step + lb_gemv_q (the
-    default). Logits stay the CPU engine's either way; verifies and prefills are unchanged; a bad value is a UsageError."""
-    cfg, weights = cpu_model
-    monkeypatch.setenv("LUCEBOX_GDN_OUT", mode)
-    lib = FakeLib()
-    gpu = DFlashTargetEngine(gguf, max_context=256, budget=22, lib=lib, card_bytes=8 << 30)
-    cpu = CPUEngine(cfg, weights, max_context=256)
-    n_dn = sum(not cfg.is_attention(i) for i in range(cfg.n_layers))
-    assert n_dn > 0
-    want = n_dn if mode == "fused" else 0
-    assert len(gpu._layers.gdn_out_layers) == want and gpu.info["gdn_out"] == f"{mode}: {want}/{n_dn}"
-    prompt = [5, 17, 99, 3]
-    gpu.prefill(prompt)
-    cpu.prefill(prompt)
-    tok = 42
-    for _ in range(3):
-        lib.log = []
-        got, ref = gpu.step(tok), cpu.step(tok)
-        log, lib.log = [n for n, _ in lib.log], None
-        assert rel(got, ref) < TOL
-        tok = int(np.argmax(ref))
-        assert log.count("lb_gdn_decode_step_out") == want
-        assert log.count("lb_gdn_decode_step") == n_dn - want
-    lib.log = []
-    gpu.verify(branched_tree(3, 5, cfg.vocab))
-    assert "lb_gdn_decode_step_out" not in [n for n, _ in lib.log]
-    lib.log = None
-    gpu.close()
-    monkeypatch.setenv("LUCEBOX_GDN_OUT", "sometimes")
-    with pytest.raises(UsageError, match="LUCEBOX_GDN_OUT"):
-        DFlashTargetEngine(gguf, max_context=256, budget=22, lib=FakeLib(), card_bytes=8 << 30)
-
-
 def test_tickets_are_state_in_the_plan(gguf):
     from lucebox_cli.engines import memory_plan as mp
     from lucebox_cli.models.qwen35_gguf import read_model_config

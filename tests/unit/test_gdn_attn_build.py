@@ -22,8 +22,7 @@ from cuda_build import REPO, assert_api_rows, compile_cu, needs_nvcc, spill_stor
 SOURCES = ["gdn_conv.cu", "gdn_delta.cu", "gdn_decode_fused.cu", "gdn_chunked.cu", "attn_rope.cu", "attn_decode.cu",
            "attn_tree.cu", "attn_decode_fused.cu"]
 API = ["lb_gdn_conv_prep", "lb_gdn_out_norm", "lb_gdn_tree_plan", "lb_gdn_delta", "lb_gdn_commit",
-       "lb_gdn_step_scratch_bytes", "lb_gdn_decode_step", "lb_gdn_decode_path", "lb_gdn_decode_step_out",
-       "lb_gdn_decode_out_path", "lb_gdn_tree_verify", "lb_gdn_chunked_scratch_bytes",
+       "lb_gdn_step_scratch_bytes", "lb_gdn_decode_step", "lb_gdn_decode_path", "lb_gdn_tree_verify", "lb_gdn_chunked_scratch_bytes",
        "lb_gdn_chunked", "lb_gdn_prefill_scratch_bytes", "lb_gdn_prefill", "lb_attn_prep", "lb_attn_partials_bytes",
        "lb_attn_decode", "lb_attn_tree", "lb_attn_causal", "lb_attn_decode_fused", "lb_attn_decode_fused_at"]
 
