@@ -203,7 +203,7 @@ def _open_cuda(cfg: RunConfig, model: LoadedModel, tap_layers: Sequence[int]):
         from lucebox_cli.engines.dflash import DFlashTargetEngine
 
         return DFlashTargetEngine(model.gguf or model.path, profile=cfg.profile, max_context=cfg.max_context, budget=cfg.budget,
-                                  tap_layers=tap_layers)
+                                  tap_layers=tap_layers, prefill_weights=cfg.prefill_weights)
     if cfg.spec != "none" or tap_layers:
         raise EngineUnavailable(
             "no CUDA engine with speculative verify is available in this build (the megakernel only decodes)",

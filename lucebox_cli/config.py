@@ -37,6 +37,9 @@ class RunConfig:
     spec: str = "none"  # none | chain | ddtree
     budget: int = 22  # DDTree node budget (excluding the root)
     max_context: int = 4096
+    # what the 27B GGUF engine's cuBLAS prefill passes read: q (dequantize per pass) | f16 (resident fp16 copies,
+    # 2 B a weight more device memory); None: the engine's LUCEBOX_PREFILL_WEIGHTS, else q. Other engines ignore it.
+    prefill_weights: Optional[str] = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

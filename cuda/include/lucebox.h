@@ -251,7 +251,11 @@ LB_API uint64_t lb_gemm_q_cublas_scratch_bytes(int n, int k, int64_t chunk_rows)
  * y = W·x, 1: y += W·x) for any n >= 1: x to fp16 in the scratch, then per row chunk (as many rows as the rest
  * of the scratch holds, a multiple of 128 when shorter than W) lb_dequant_f16 and one cublasGemmEx (fp16 in,
  * fp32 accumulate). scratch: 256-byte aligned, at least lb_gemm_q_cublas_scratch_bytes(n, k, 1) bytes. x 16-byte
- * aligned. LB_ERR_NOT_FOUND "cuBLAS not loaded" (before any CUDA work) when lb_blas_ready() is 0. */
+ * aligned. LB_ERR_NOT_FOUND "cuBLAS not loaded" (before any CUDA work) when lb_blas_ready() is 0.
+ * qtype LB_QT_F16 (here and in the two _x16 forms): W is already fp16 row-major [n_rows, k] (16-byte aligned, k a
+ * multiple of 256; e.g. lb_dequant_f16's output kept resident), one cublasGemmEx over all rows, no weight chunk
+ * written (the scratch still holds x16 in this form). */
+#define LB_QT_F16 1
 LB_API int lb_gemm_q_cublas(int qtype, const void* w, int64_t n_rows, int k, const float* x, int n, float* y,
                             int accumulate, void* scratch, uint64_t scratch_bytes, void* stream);
 /* x fp32 → out fp16 (round to nearest), count a multiple of 8, both 16-byte aligned. */

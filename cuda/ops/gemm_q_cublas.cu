@@ -16,6 +16,12 @@
 //
 // cuBLAS comes through lb::blas (cuda/core/cublas_gemm.cuh): without a loaded library the call fails cleanly
 // with LB_ERR_NOT_FOUND "cuBLAS not loaded" before any CUDA work.
+//
+// qtype kF16W (ggml's F16 id, 1) in any of the three entry points: W is already fp16 row-major [n_rows, k] (the
+// engine's resident prefill copy, LUCEBOX_PREFILL_WEIGHTS=f16: every layer matrix dequantized once at load by
+// lb_dequant_f16), so the product is one cublasGemmEx over all rows and the scratch's weight part is not touched.
+// Why: the dequantization is ~19 of the 27B pp520's ~70 ms (H200) and is paid again by every prefill pass; the
+// copy costs 2 B per weight of device memory (48.7 GB on the 27B), which only cards with room for it can spend.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -36,6 +42,8 @@ constexpr int kThreads = 256;
 constexpr uint64_t kAlign = 256;
 // A chunk shorter than the matrix keeps a multiple of this many rows (whole cuBLAS tiles).
 constexpr int64_t kChunkAlign = 128;
+// ggml's F16 type id: W given as fp16 rows, no dequantization (the header comment)
+constexpr int kF16W = 1;
 
 uint64_t al(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -75,6 +83,7 @@ int gemm_f16w(const void* w16, int rows, int k, const void* x16, int n, void* y,
 // at least one row), one cublasGemmEx per chunk; Y of y_type (fp32 or fp16), a chunk of rows [r0, ..) at y + r0.
 int gemm_x16(int qtype, const void* w, int64_t n_rows, int k, const void* x16, int n, void* y, int y_type,
              int accumulate, void* w16, uint64_t w16_bytes, cudaStream_t s) {
+    if (qtype == kF16W) return gemm_f16w(w, (int)n_rows, k, x16, n, y, y_type, (int)n_rows, accumulate, s);
     const uint64_t row_bytes = 2ull * (uint64_t)k;
     const int64_t y_elem = y_type == lb::blas::kR16F ? 2 : 4;
     int64_t chunk = (int64_t)(w16_bytes / row_bytes);
@@ -102,8 +111,15 @@ cudaError_t to_f16_launch(const float* x, int64_t count, void* out, cudaStream_t
 // Checks common to both entry points (the weights, the shapes, the scratch), before any CUDA work.
 int check_common(const char* fn, int qtype, const void* w, int64_t n_rows, int k, const void* x, int n,
                  const void* y, const void* scratch) {
-    int st = lb::dequant_f16_check(fn, qtype, w, n_rows, k);
-    if (st != LB_OK) return st;
+    if (qtype == kF16W) {
+        if (!w || ((uintptr_t)w & 15))
+            return lb::set_error(LB_ERR_INVALID_ARG, "%s: fp16 weights must be a 16-byte aligned device pointer", fn);
+        if (n_rows <= 0 || k <= 0 || k % 256)
+            return lb::set_error(LB_ERR_INVALID_ARG, "%s: need n_rows > 0 and k a positive multiple of 256", fn);
+    } else {
+        const int st = lb::dequant_f16_check(fn, qtype, w, n_rows, k);
+        if (st != LB_OK) return st;
+    }
     if (n_rows > INT_MAX) return lb::set_error(LB_ERR_INVALID_ARG, "%s: n_rows must fit an int (cuBLAS's m and ldc)", fn);
     if (!x || !y || n < 1) return lb::set_error(LB_ERR_INVALID_ARG, "%s: need x, y and n >= 1", fn);
     if ((uintptr_t)x & 15) return lb::set_error(LB_ERR_INVALID_ARG, "%s: x must be 16-byte aligned", fn);

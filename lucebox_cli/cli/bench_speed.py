@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from lucebox_cli.cli.options import ProfileOpt
+from lucebox_cli.cli.options import PREFILL_WEIGHTS_CHOICES, PREFILL_WEIGHTS_HELP, ProfileOpt
 from lucebox_cli.errors import UsageError
 
 EPILOG = """\
@@ -65,7 +65,7 @@ def _random_flag(model: Any) -> bool:
 
 def run_speed(model_arg: str, *, n_prompt: int, n_gen: int, reps: int, engine: str, profile: Optional[str],
               max_context: int, warmup: int, depth: int = 0, verify_n: int = 0,
-              loaded: Any = None) -> list[dict[str, Any]]:
+              loaded: Any = None, prefill_weights: Optional[str] = None) -> list[dict[str, Any]]:
     """Load (unless `loaded` is the already loaded model_arg), open, measure; rows carry GPU, commit and
     the resolved config."""
     from lucebox_cli import api
@@ -80,7 +80,7 @@ def run_speed(model_arg: str, *, n_prompt: int, n_gen: int, reps: int, engine: s
     extra = {"budget": max(verify_n - 1, 1)} if verify_n else {}
     cfg = RunConfig(model=model_arg, engine=engine, profile=profile,
                     max_context=max(max_context, n_prompt + n_gen + 1, depth + n_gen + 1, n_prompt + 9 + verify_n),
-                    **extra)
+                    prefill_weights=prefill_weights, **extra)
     model = loaded if loaded is not None else api.load_model(model_arg)
     opened = api.open_engine(cfg, model)
     try:
@@ -116,6 +116,7 @@ def register(bench_app: typer.Typer) -> None:
         depth: Annotated[int, typer.Option("-d", "--depth", help="Also tg<n> after this many context tokens.")] = 0,
         verify_n: Annotated[int, typer.Option("--verify-n", help="Also one tree verify of this many slots "
                                                                  "(time and AR-step units).")] = 0,
+        prefill_weights: Annotated[Optional[str], typer.Option("--prefill-weights", help=PREFILL_WEIGHTS_HELP)] = None,
         as_json: Annotated[bool, typer.Option("--json", help="JSON rows with raw samples.")] = False,
         as_md: Annotated[bool, typer.Option("--md", help="Markdown table (default).")] = False,
         as_csv: Annotated[bool, typer.Option("--csv", help="CSV.")] = False,
@@ -129,6 +130,8 @@ def register(bench_app: typer.Typer) -> None:
 
         if as_json + as_md + as_csv > 1:
             raise UsageError("choose one of --json, --md, --csv")
+        if prefill_weights is not None and prefill_weights not in PREFILL_WEIGHTS_CHOICES:
+            raise UsageError(f"--prefill-weights {prefill_weights!r}: expected one of {', '.join(PREFILL_WEIGHTS_CHOICES)}")
         loaded, gguf, failed = None, None, None
         if baseline is not None:
             from lucebox_cli import api
@@ -140,7 +143,8 @@ def register(bench_app: typer.Typer) -> None:
             loaded = api.load_model(model)
             gguf = llama_bench.require_gguf(loaded, model)
         rows = run_speed(model, n_prompt=n_prompt, n_gen=n_gen, reps=reps, engine=engine, profile=profile,
-                         max_context=max_context, warmup=warmup, depth=depth, verify_n=verify_n, loaded=loaded)
+                         max_context=max_context, warmup=warmup, depth=depth, verify_n=verify_n, loaded=loaded,
+                         prefill_weights=prefill_weights)
         if baseline is not None:
             # run_speed has closed our engine: llama.cpp gets the GPU (and its memory) to itself
             kw = dict(n_prompt=n_prompt, n_gen=n_gen, reps=reps, depth=depth, warmup=warmup,

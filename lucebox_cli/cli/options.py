@@ -14,3 +14,9 @@ ProfileOpt = Annotated[
 OfflineOpt = Annotated[
     bool, typer.Option("--offline", help="Use only the local HF cache; never touch the network (like HF_HUB_OFFLINE=1).")
 ]
+
+# --prefill-weights of run and bench speed (RunConfig.prefill_weights)
+PREFILL_WEIGHTS_CHOICES = ("q", "f16")
+PREFILL_WEIGHTS_HELP = ("27B GGUF engine: what its cuBLAS prefill passes read, q (dequantize each pass) or f16 (fp16 "
+                        "copies made once at load: faster prefill for 2 B a weight of GPU memory, 48.7 GB on the 27B). "
+                        "Other engines ignore it.")

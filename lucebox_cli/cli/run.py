@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from lucebox_cli.cli.options import JsonOpt, ProfileOpt
+from lucebox_cli.cli.options import PREFILL_WEIGHTS_CHOICES, PREFILL_WEIGHTS_HELP, JsonOpt, ProfileOpt
 from lucebox_cli.cli.output import print_json, stderr_console
 from lucebox_cli.errors import UsageError
 
@@ -51,6 +51,7 @@ def run(
     spec: Annotated[Optional[str], typer.Option("--spec", help="none | chain | ddtree (default none).")] = None,
     budget: Annotated[Optional[int], typer.Option("--budget", help="DDTree node budget (default 22).")] = None,
     max_context: Annotated[Optional[int], typer.Option("--max-context", help="KV cache length (default 4096).")] = None,
+    prefill_weights: Annotated[Optional[str], typer.Option("--prefill-weights", help=PREFILL_WEIGHTS_HELP)] = None,
     profile: ProfileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -60,12 +61,13 @@ def run(
 
     _check_choice("--engine", engine, ENGINE_CHOICES)
     _check_choice("--spec", spec, SPEC_CHOICES)
+    _check_choice("--prefill-weights", prefill_weights, PREFILL_WEIGHTS_CHOICES)
     ids = _parse_ids(prompt_ids)
     if (prompt is None) == (ids is None):
         raise UsageError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3")
     values = dict(model=model, engine=engine, chat=chat or None, thinking=thinking, max_tokens=max_tokens,
                   temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, draft=draft, spec=spec,
-                  budget=budget, max_context=max_context, profile=profile)
+                  budget=budget, max_context=max_context, profile=profile, prefill_weights=prefill_weights)
     profile_name = profile or os.environ.get("LUCEBOX_PROFILE") or None
     cfg = resolve_run_config(values, get_profile(profile_name) if profile_name else None)
     loaded = api.load_model(cfg.model)

@@ -45,7 +45,11 @@ auto is cublas when the library's cuBLAS is loaded (_lib.cublas_ready), else own
 run as one fp16-output GEMM over both (LUCEBOX_PREFILL_GU=merged16, the default) or as two fp32-output GEMMs
 (split; prefill_gu_mode, read at creation, info "prefill_gu"), and a mixer's back-to-back input
 projections (DeltaNet attn_gate | ssm_beta | ssm_alpha, attention attn_q | attn_k (| attn_v)) as one GEMM read in
-place (LUCEBOX_PREFILL_MERGE=on, the default) or one GEMM each (off; info "prefill_merge").
+place (LUCEBOX_PREFILL_MERGE=on, the default) or one GEMM each (off; info "prefill_merge"). With
+prefill_weights="f16" (the argument, else LUCEBOX_PREFILL_WEIGHTS; default "q") every layer matrix is also kept as
+fp16 rows, dequantized once at load, and the cuBLAS passes read those (lb_gemm_q_cublas* with LB_QT_F16) instead of
+dequantizing per pass: the same fp16 weights, so the same products, for 2 B a weight of device memory (48.7 GB on the
+27B, a memory plan item; decode steps and verifies keep reading the quantized bytes). Info "prefill_weights".
 
 What is not built yet, said rather than hidden: logits come back to
 the host for every row a sampling (T > 0) caller needs, captured tap features are kept on the host (`features`,
@@ -124,6 +128,9 @@ PREFILL_GU_ENV = "LUCEBOX_PREFILL_GU"
 PREFILL_GU_MODES = ("merged16", "split")
 PREFILL_MERGE_ENV = "LUCEBOX_PREFILL_MERGE"
 PREFILL_MERGE_MODES = ("on", "off")
+PREFILL_WEIGHTS_ENV = "LUCEBOX_PREFILL_WEIGHTS"
+PREFILL_WEIGHTS_MODES = ("q", "f16")
+F16_QTYPE = 1  # LB_QT_F16: fp16 rows, which lb_gemm_q_cublas* read without dequantizing
 
 
 def _choice(name: str, modes: tuple[str, ...], env: Optional[dict]) -> str:
@@ -146,6 +153,15 @@ def prefill_merge_mode(env: Optional[dict] = None) -> str:
     "off" (one GEMM per matrix, lb_gdn_prefill and lb_attn_prep on packed outputs). Anything else is a
     UsageError."""
     return _choice(PREFILL_MERGE_ENV, PREFILL_MERGE_MODES, env)
+
+
+def prefill_weights_mode(value: Optional[str] = None, env: Optional[dict] = None) -> str:
+    """What the cuBLAS prefill passes read: "q" (the default: each pass dequantizes every matrix to fp16 in its
+    scratch) or "f16" (resident fp16 copies made once at load). `value` (the engine argument) wins over
+    LUCEBOX_PREFILL_WEIGHTS; anything else is a UsageError."""
+    if value is not None:
+        return _choice(PREFILL_WEIGHTS_ENV, PREFILL_WEIGHTS_MODES, {PREFILL_WEIGHTS_ENV: str(value)})
+    return _choice(PREFILL_WEIGHTS_ENV, PREFILL_WEIGHTS_MODES, env)
 
 
 def open_gpu(profile: Optional[str] = None) -> tuple[Any, Any]:
@@ -190,7 +206,8 @@ class DFlashTargetEngine:
 
     def __init__(self, gguf: str | Path | GGUFModel, *, profile: Optional[str] = None, max_context: int = 4096,
                  budget: int = 22, tap_layers: Sequence[int] = (), lib: Any = None, prof: Any = None,
-                 card_bytes: Optional[int] = None, prefill_rows: Optional[int] = None):
+                 card_bytes: Optional[int] = None, prefill_rows: Optional[int] = None,
+                 prefill_weights: Optional[str] = None):
         from lucebox_cli.gguf_io import GGUFModel
         from lucebox_cli.models.qwen35_gguf import read_model_config
 
@@ -214,8 +231,15 @@ class DFlashTargetEngine:
                                                                                   mp.PREFILL_ROWS))
         # the path is on only where a pass can be wide enough for it (else it costs no scratch)
         self.prefill_gemm = "cublas" if mp.cublas_on(cublas, self.prefill_rows) else "own"
+        self.prefill_weights = prefill_weights_mode(prefill_weights)
+        if self.prefill_weights == "f16" and self.prefill_gemm != "cublas":
+            # the copies would be read by nothing: only a cuBLAS pass (rows >= CUBLAS_MIN_ROWS) takes them
+            raise UsageError(f"prefill weights f16 need the cuBLAS prefill path (this engine's is {self.prefill_gemm!r}: "
+                             f"{'no cuBLAS loaded' if not cublas else f'passes of {self.prefill_rows} rows'})",
+                             hint=f"unset {PREFILL_WEIGHTS_ENV}, or use a card whose profile runs cuBLAS prefill passes")
         self.plan = mp.plan(cfg, self.model, context=self.max_context, budget=self.budget,
-                            prefill_rows=self.prefill_rows, cublas=self.prefill_gemm == "cublas")
+                            prefill_rows=self.prefill_rows, cublas=self.prefill_gemm == "cublas",
+                            prefill_f16=self.prefill_weights == "f16")
         card = card_bytes if card_bytes is not None else int(lib.device_props(0)["total_mem_bytes"])
         mp.fit(self.plan, card, getattr(prof, "name", "") or f"{card / 1e9:.0f} GB")
         self.stats = EngineStats()
@@ -231,10 +255,11 @@ class DFlashTargetEngine:
         self.step_pdl = step_pdl_default()  # read before the first capture (the step graph's)
         try:
             mats, vecs = self._upload(entries)
+            mats16 = self._upload_f16(mats) if self.prefill_weights == "f16" else None
             self._bufs = self._carve(mats)
             self._stream = self._new_stream()
             self._layers = Layers(lib, cfg, mats, vecs, self._bufs, self.max_context, self._stream,
-                                  prefill_gu=self.prefill_gu, prefill_merge=self.prefill_merge)
+                                  prefill_gu=self.prefill_gu, prefill_merge=self.prefill_merge, mats16=mats16)
             self._tied_emb = mats.get("token_embd.weight")
             self.use_graphs = graphs_default() and self._graphs_supported()
         except BaseException:
@@ -253,6 +278,8 @@ class DFlashTargetEngine:
                      # the cuBLAS path's mixer input GEMMs (Layers.zab_plan / qkv_plan; each also needs its
                      # library entry, and the DeltaNet's the tensor-core path); None: no cuBLAS pass
                      "prefill_merge": self.prefill_merge if self.prefill_gemm == "cublas" else None,
+                     # what the cuBLAS passes read: "q" (dequantized per pass) or "f16" (resident copies)
+                     "prefill_weights": self.prefill_weights if self.prefill_gemm == "cublas" else None,
                      # in every bench row: a run says how it was made
                      "attn_decode": attn_decode_path(self._layers.fused_decode),
                      "q4k_tile": any(e.tiled and e.ggml_type == "Q4_K" for e in entries),
@@ -286,6 +313,29 @@ class DFlashTargetEngine:
                 vecs[e.name] = ptr
         self.load_s = time.perf_counter() - t0
         return mats, vecs
+
+    def _upload_f16(self, mats: dict[str, Mat]) -> dict[str, Mat]:
+        """fp16 copies of every layer matrix (blk.*), dequantized on the device by lb_dequant_f16 (the function each
+        cuBLAS pass runs otherwise, so the values are the same), laid out in the quantized arena's order with no gaps
+        (2·rows·k bytes, a multiple of 512): tensors back to back there are back to back here, so the merged GEMMs
+        (Layers._adjacent) read them as one. Their time counts in load_s."""
+        t0 = time.perf_counter()
+        names = sorted((n for n in mats if n.startswith("blk.")), key=lambda n: mats[n].ptr)
+        total = sum(2 * mats[n].rows * mats[n].k for n in names)
+        if total != self.plan.bytes_of("prefill f16 weights"):
+            raise LuceboxError(f"internal: the plan's prefill f16 weights are {self.plan.bytes_of('prefill f16 weights')}"
+                               f" bytes, the layer matrices need {total}")
+        arena = _Arena(self.lib, total)
+        self._arenas.append(arena)
+        out = {}
+        for n in names:
+            m = mats[n]
+            ptr = arena.take(2 * m.rows * m.k)
+            self.lib.call("lb_dequant_f16", m.qtype, m.ptr, m.rows, m.k, 0, m.rows, ptr, None)
+            out[n] = Mat(ptr, F16_QTYPE, m.rows, m.k)
+        self.lib.call("lb_dev_sync")
+        self.load_s += time.perf_counter() - t0
+        return out
 
     def _carve(self, mats: dict[str, Mat]) -> Buffers:
         cfg = self.cfg

@@ -221,8 +221,12 @@ class Layers:
     """Issues one pass's calls. `lib` is an _lib.Lib (or the CPU emulation in the unit tests)."""
 
     def __init__(self, lib: Any, cfg: Qwen35Config, mats: dict[str, Mat], vecs: dict[str, int], bufs: Buffers,
-                 max_ctx: int, stream: Optional[int] = None, prefill_gu: str = "merged16", prefill_merge: str = "on"):
+                 max_ctx: int, stream: Optional[int] = None, prefill_gu: str = "merged16", prefill_merge: str = "on",
+                 mats16: Optional[dict[str, Mat]] = None):
         self.lib, self.cfg, self.m, self.v, self.b, self.max_ctx = lib, cfg, mats, vecs, bufs, max_ctx
+        # resident fp16 copies of the layer matrices (engines/dflash.py's _upload_f16, LUCEBOX_PREFILL_WEIGHTS=f16):
+        # what the cuBLAS passes read where present (_wide); decode steps and verifies read self.m
+        self.m16 = dict(mats16 or {})
         # how a cuBLAS pass runs the FFN's gate + up (engines/dflash.py's prefill_gu_mode, LUCEBOX_PREFILL_GU):
         # "merged16", where _gu_merged allows, one fp16-output GEMM over both (lb_gemm_q_cublas_x16_h) and
         # lb_df_swiglu_f16_rows; "split", one fp32-output GEMM per matrix and lb_df_swiglu_f16 over the two
@@ -263,6 +267,11 @@ class Layers:
 
     def _cublas(self, t: int) -> bool:
         return self.b.gemm_scratch != 0 and t >= self.cublas_min_rows
+
+    def _wide(self, name: str) -> Mat:
+        """The matrix a cuBLAS pass reads: its resident fp16 copy when the engine made one (lb_gemm_q_cublas* take
+        LB_QT_F16 rows without dequantizing), else the quantized device bytes."""
+        return self.m16.get(name) or self.m[name]
 
     def _call(self, name: str, *args: Any) -> None:
         if self._rec is not None:
@@ -308,6 +317,7 @@ class Layers:
             self._call("lb_gemv_q", w.qtype, w.ptr, w.rows, w.k, x, y, 1, self.stream)
             return
         if self._cublas(t):
+            w = self._wide(name)
             self._call("lb_gemm_q_cublas", w.qtype, w.ptr, w.rows, w.k, x, t, y, 1, self.b.gemm_scratch,
                        self.b.gemm_scratch_bytes, self.stream)
             return
@@ -392,11 +402,17 @@ class Layers:
         return six[0], rest
 
     def _adjacent(self, prev: str, name: str) -> bool:
-        """name's weights start where prev's end, same Q4_K/Q5_K type and K: the two are one tensor."""
+        """name's weights start where prev's end, same Q4_K/Q5_K type and K: the two are one tensor. With fp16 copies
+        (m16) theirs must be back to back too, since a cuBLAS pass reads those (_upload_f16 lays them out so)."""
         a, b = self.m[prev], self.m[name]
         row_bytes = _ROW_BYTES_PER_256.get(a.qtype, 0) * (a.k // 256)
-        return (row_bytes > 0 and a.qtype == b.qtype and a.k == b.k and a.k % 256 == 0
-                and b.ptr == a.ptr + a.rows * row_bytes)
+        if not (row_bytes > 0 and a.qtype == b.qtype and a.k == b.k and a.k % 256 == 0
+                and b.ptr == a.ptr + a.rows * row_bytes):
+            return False
+        if not self.m16:
+            return True
+        a16, b16 = self.m16.get(prev), self.m16.get(name)
+        return a16 is not None and b16 is not None and b16.ptr == a16.ptr + 2 * a16.rows * a16.k
 
     def rmsnorm(self, x: int, weight: str, y: int, t: int, zero: tuple[tuple[int, int], ...] = ()) -> None:
         """y = RMSNorm1p(x) over t rows; the (pointer, bytes) ranges in `zero` (at most two) cleared in the
@@ -418,7 +434,7 @@ class Layers:
         """y (+)= W · x16 on the cuBLAS path: x16 (fp16 [t, K], at the scratch's start) written by the op before,
         the weight chunks in the scratch after it (lb_gemm_q_cublas's own layout). rows: W's rows, more than the
         matrix's own for a run of back-to-back tensors taken as one (0: the matrix's)."""
-        w = self.m[name]
+        w = self._wide(name)
         xb = _align(2 * t * w.k, 256)
         self._call("lb_gemm_q_cublas_x16", w.qtype, w.ptr, rows or w.rows, w.k, self.b.gemm_scratch, t, y, accumulate,
                    self.b.gemm_scratch + xb, self.b.gemm_scratch_bytes - xb, self.stream)
@@ -517,7 +533,7 @@ class Layers:
         start: its t·ffn fp32 hold the t·2·ffn fp16), then SwiGLU from it to the down GEMM's fp16 input at the
         scratch's start. Why: the split path writes both outputs in fp32 and the SwiGLU reads them back (2 x 36 MB
         each way per layer at pp520), in two GEMMs of ffn rows where one of 2·ffn runs at a higher rate."""
-        g, b, ffn = self.m[names[0]], self.b, self.cfg.ffn
+        g, b, ffn = self._wide(names[0]), self.b, self.cfg.ffn
         xb = _align(2 * t * g.k, 256)  # x16 (the norm's fp16 output) at the scratch's start, weight chunks after it
         self._call("lb_gemm_q_cublas_x16_h", g.qtype, g.ptr, 2 * ffn, g.k, b.gemm_scratch, t, out, 0,
                    b.gemm_scratch + xb, b.gemm_scratch_bytes - xb, self.stream)

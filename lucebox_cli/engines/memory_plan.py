@@ -14,8 +14,9 @@ Items: target weights (token_embd stays on the host when the head is untied: the
 the few rows it embeds from the memory-mapped file), the f16 K/V cache of the attention layers, the
 DeltaNet recurrent (fp32) and conv states, the verify/prefill scratch for a tree budget (per-row
 activations, the per-layer tree inputs kept until commit, branch states, attention partials, logits
-rows × vocab fp32), with the cuBLAS prefill GEMM on (`cublas=True`) its fp16 scratch, the draft's weights, its context K/V cache and its scratch, and a margin for the
-CUDA context, module images and allocator slack.
+rows × vocab fp32), with the cuBLAS prefill GEMM on (`cublas=True`) its fp16 scratch, with resident fp16 prefill
+weights (`prefill_f16=True`, LUCEBOX_PREFILL_WEIGHTS=f16) every layer matrix again in fp16, the draft's weights, its
+context K/V cache and its scratch, and a margin for the CUDA context, module images and allocator slack.
 """
 
 from __future__ import annotations
@@ -191,6 +192,15 @@ def cublas_gemm_scratch(cfg: Qwen35Config, rows: int) -> int:
     return _al(2 * rows * max(ks)) + _al(2 * max(mats))
 
 
+def prefill_f16_bytes(cfg: Qwen35Config, sizes: Sizes) -> int:
+    """Device bytes of the resident fp16 prefill weights: every quantized layer matrix (blk.*, two dimensions; the
+    engine's Mats of those names) as fp16 rows, 2 B a weight, each 256-aligned as the engine's arena takes them.
+    Not the LM head or the embedding: a prefill's LM-head product is one row (the GEMV), the embedding a lookup.
+    Why a plan item: on the 27B it is 48.7 GB, more than the quantized weights, so only large cards can keep it."""
+    return sum(_al(2 * math.prod(s.shape)) for n, s in sizes.items()
+               if n.startswith("blk.") and len(s.shape) == 2 and s.ggml_type not in ("F32", "F16", "BF16"))
+
+
 def cublas_on(cublas: bool, rows: int) -> bool:
     """Whether a pass of `rows` rows can reach the cuBLAS path at all (else it costs no scratch)."""
     return bool(cublas) and rows >= CUBLAS_MIN_ROWS
@@ -304,6 +314,7 @@ class MemoryPlan:
     draft: Optional[DraftSpec] = None
     prefill_rows: int = PREFILL_ROWS
     cublas: bool = False
+    prefill_f16: bool = False
 
     @property
     def total(self) -> int:
@@ -330,9 +341,10 @@ def _label(cfg: Qwen35Config, sizes: Sizes, draft: Optional[DraftSpec]) -> str:
 
 def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, budget: int,
          draft: Optional[DraftSpec] = None, overhead: int = CUDA_OVERHEAD, prefill_rows: int = PREFILL_ROWS,
-         cublas: bool = False) -> MemoryPlan:
+         cublas: bool = False, prefill_f16: bool = False) -> MemoryPlan:
     """The device memory of a run at `context` tokens, tree `budget` (slots = budget + 1) and prefill passes of
-    `prefill_rows` rows (cublas: with the cuBLAS prefill GEMM on)."""
+    `prefill_rows` rows (cublas: with the cuBLAS prefill GEMM on; prefill_f16: with resident fp16 prefill weights,
+    which only a cuBLAS pass reads)."""
     if context < 1:
         raise UsageError(f"context {context} must be positive")
     sizes = gguf_or_sizes if isinstance(gguf_or_sizes, Mapping) else sizes_from_gguf(gguf_or_sizes)
@@ -356,6 +368,9 @@ def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, b
     if "gemm_scratch" in buf:
         items.append(PlanItem("cublas gemm scratch", buf["gemm_scratch"],
                               f"fp16 x ({prefill_rows} rows) + the largest layer matrix in fp16"))
+    if prefill_f16:
+        items.append(PlanItem("prefill f16 weights", prefill_f16_bytes(cfg, sizes),
+                              "every layer matrix in fp16, dequantized once at load (LUCEBOX_PREFILL_WEIGHTS=f16)"))
     if draft is not None:
         items += [
             PlanItem("draft weights", draft.weight_bytes, draft.label),
@@ -364,18 +379,18 @@ def plan(cfg: Qwen35Config, gguf_or_sizes: Union[Any, Sizes], *, context: int, b
         ]
     items.append(PlanItem("cuda overhead", overhead, "context, module images, allocator slack (margin)"))
     return MemoryPlan(tuple(items), context, budget, _label(cfg, sizes, draft), cfg, sizes, draft, prefill_rows,
-                      cublas_on(cublas, prefill_rows))
+                      cublas_on(cublas, prefill_rows), bool(prefill_f16))
 
 
 def largest_context(cfg: Qwen35Config, sizes: Union[Any, Sizes], card_bytes: int, *, budget: int,
                     draft: Optional[DraftSpec] = None, overhead: int = CUDA_OVERHEAD, limit: int = 1 << 24,
-                    prefill_rows: int = PREFILL_ROWS, cublas: bool = False) -> int:
+                    prefill_rows: int = PREFILL_ROWS, cublas: bool = False, prefill_f16: bool = False) -> int:
     """The most context tokens whose plan fits `card_bytes` (0 when not even one token does)."""
     sizes = sizes if isinstance(sizes, Mapping) else sizes_from_gguf(sizes)
 
     def fits(ctx: int) -> bool:
         return plan(cfg, sizes, context=ctx, budget=budget, draft=draft, overhead=overhead,
-                    prefill_rows=prefill_rows, cublas=cublas).total <= card_bytes
+                    prefill_rows=prefill_rows, cublas=cublas, prefill_f16=prefill_f16).total <= card_bytes
 
     if not fits(1):
         return 0
@@ -394,17 +409,21 @@ def fit(p: MemoryPlan, card_bytes: int, card_name: str = "") -> None:
         return
     card = card_name or f"{card_bytes / 1e9:.0f} GB"
     best = largest_context(p.cfg, p.sizes, card_bytes, budget=p.budget, draft=p.draft,
-                           overhead=p.bytes_of("cuda overhead"), prefill_rows=p.prefill_rows, cublas=p.cublas)
+                           overhead=p.bytes_of("cuda overhead"), prefill_rows=p.prefill_rows, cublas=p.cublas,
+                           prefill_f16=p.prefill_f16)
     need = f"needs {p.total / GIB:.2f} GiB of {card_bytes / GIB:.2f} GiB"
     if best == 0:
         raise OutOfMemory(
             f"{p.label} does not fit a {card} card at any context ({need} at {p.context} tokens; "
             f"weights alone {p.bytes_of('target weights') / GIB:.2f} GiB)",
-            hint="use a smaller quantization, no draft, or a larger card",
+            hint="use a smaller quantization, no draft, or a larger card"
+            + (" (or drop LUCEBOX_PREFILL_WEIGHTS=f16: the fp16 copy is "
+               f"{p.bytes_of('prefill f16 weights') / GIB:.1f} GiB)" if p.prefill_f16 else ""),
         )
     raise OutOfMemory(
         f"{p.label} fit a {card} card up to {best} tokens of context; asked for {p.context} ({need})",
-        hint=f"pass --max-context {best} or less, or lower the budget",
+        hint=f"pass --max-context {best} or less, or lower the budget"
+        + (" (or drop LUCEBOX_PREFILL_WEIGHTS=f16)" if p.prefill_f16 else ""),
     )
 
 

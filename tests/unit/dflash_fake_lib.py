@@ -25,6 +25,7 @@ from lucebox_cli.engines.cpu import (_attend, _l2_norm, _rms_norm, _sigmoid, _si
 from lucebox_cli.engines.dflash_upload import gguf_bytes, qtype_entry
 
 D = 128
+F16_QTYPE = 1  # LB_QT_F16
 
 
 def view(ptr, dtype, count: int) -> np.ndarray:
@@ -215,6 +216,8 @@ class FakeLib:
     # -- matrices --
     def _w(self, qtype, ptr, rows, k) -> np.ndarray:
         key = (int(ptr), qtype, rows, k)
+        if qtype == F16_QTYPE:  # LB_QT_F16: fp16 rows (lb_dequant_f16's output), read as they are now
+            return view(ptr, np.float16, rows * k).astype(np.float32).reshape(rows, k)
         if key not in self._wcache:
             import gguf
 
@@ -224,7 +227,13 @@ class FakeLib:
             self._wcache[key] = np.asarray(w, np.float32).reshape(rows, k)
         return self._wcache[key]
 
+    def lb_dequant_f16(self, qtype, w, n_rows, k, row0, rows, out, stream):
+        """Rows [row0, row0 + rows) of W as fp16 (RN) at out: ggml's dequantization, as the C op."""
+        assert qtype != F16_QTYPE and 0 <= row0 < row0 + rows <= n_rows and not int(out) % 16
+        view(out, np.float16, rows * k)[:] = self._w(qtype, w, n_rows, k)[row0 : row0 + rows].reshape(-1)
+
     def lb_gemm_q_smalln(self, qtype, w, rows, k, x, n, y, acc, stream):
+        assert qtype != F16_QTYPE, "the small-N kernels take quantized weights only"
         assert 1 <= n <= 64 and k % 256 == 0
         W = self._w(qtype, w, rows, k)
         xs = view(x, np.float32, n * k).reshape(n, k)
