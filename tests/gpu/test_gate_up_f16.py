@@ -86,7 +86,11 @@ def test_gemm_x16_h_is_the_split_fp32_gemms_rounded(qt, t, k, chunk):
             d.close()
     scale = float(np.sqrt(np.mean(want32.astype(np.float64) ** 2)))
     assert scale < 1e3, "test inputs should keep the outputs well inside fp16's range"
-    ok = within_one_ulp(got, want, scale)
+    # t >= 256 is every width the engine's cuBLAS passes run (CUBLAS_MIN_ROWS): one ulp (or 1e-5·scale near zero).
+    # Narrower, the H100's cuBLAS 13 picks a split-K kernel for the fp16-output GEMM whose partial sums are rounded to
+    # fp16 (t = 65, K = 5120: 2 of 131k outputs ~2.6e-5·scale off the fp32 GEMM rounded, session 15; the H200 picks
+    # none there), so the floor is 1e-4·scale: still far below what a wrong row, column or offset gives (~scale).
+    ok = within_one_ulp(got, want, scale if t >= 256 else 10 * scale)
     bad = np.argwhere(~ok)
     assert not bad.size, (f"{qt} t={t} K={k} chunk={chunk}: {len(bad)} values beyond one fp16 ulp, first at "
                           f"{bad[0]}: {got[tuple(bad[0])]} vs {want[tuple(bad[0])]}")

@@ -7,8 +7,8 @@ fp32-x form, the fp16-x form with accumulate 0 (NaN-poisoned y) and 1, and the f
 sizes (rows 304 / 1008, t = 257 / 65); a misaligned or non-256-multiple K is refused before any work.
 
 The engine: a tiny GGUF's 300-token prefill in 256-row cuBLAS passes with prefill_weights="f16" against "q" (rel
-RMS < 1e-5: the same fp16 weights; the tiny model's scratch holds each matrix whole, so the same GEMM shapes), the
-greedy tokens after it identical, both against the CPU engine (test_dflash_engine.py's TOL), scratch NaN-poisoned.
+RMS < 1e-3, as merged16 against split: the same fp16 weights, kernels cuBLAS may pick differently), the greedy tokens
+after it identical, against the CPU engine (test_dflash_engine.py's TOL), scratch NaN-poisoned.
 Skipped where the library has no cuBLAS loaded.
 """
 
@@ -111,7 +111,12 @@ def test_f16_weights_refusals():
 
 
 def test_engine_prefill_f16_weights_vs_q(monkeypatch):
-    """A 300-token prompt in 256-row cuBLAS passes: f16 against q, then 8 greedy steps each."""
+    """A 300-token prompt in 256-row cuBLAS passes: f16 against q (twice, fresh engines), then 8 greedy steps each.
+    The same fp16 weights, but cuBLAS need not pick the same kernels for a GEMM whose A sits elsewhere (H100, session
+    15: f16 vs q 4.3e-4 relative RMS of the logits, the scale of merged16 vs split), so the bound is test_gate_up_f16's
+    engine bound (1e-3); the two q runs' difference is reported as a warning beside it."""
+    import warnings
+
     from test_dflash_engine import TOL, VOCAB, cpu_weights, gguf
 
     from lucebox_cli.engines.cpu import CPUEngine
@@ -121,23 +126,24 @@ def test_engine_prefill_f16_weights_vs_q(monkeypatch):
     monkeypatch.setenv("LUCEBOX_PREFILL_GEMM", "cublas")
     monkeypatch.delenv("LUCEBOX_PREFILL_WEIGHTS", raising=False)
     ids = np.random.default_rng(17).integers(0, VOCAB, 300)
-    logits, tokens = {}, {}
-    for mode in ("q", "f16"):
+    logits, tokens = [], []
+    for mode in ("q", "q", "f16"):
         gpu = DFlashTargetEngine(gguf(4), max_context=512, budget=22, lib=lib(), prefill_rows=256,
                                  prefill_weights=mode)
         try:
             assert gpu.info["prefill_weights"] == mode and gpu.info["prefill_gemm"] == "cublas"
             assert (gpu.plan.bytes_of("prefill f16 weights") > 0) == (mode == "f16")
             gpu.poison()
-            logits[mode] = gpu.prefill(ids)
-            tokens[mode] = list(gpu.greedy_tokens(int(np.argmax(logits[mode])), 8))
+            logits.append(gpu.prefill(ids))
+            tokens.append(list(gpu.greedy_tokens(int(np.argmax(logits[-1])), 8)))
         finally:
             gpu.close()
-    err = rel(logits["f16"], logits["q"])
-    assert err < 1e-5, f"f16 vs q: rel RMS {err:.3g}"
-    assert list(tokens["f16"]) == list(tokens["q"])
+    qq, fq = rel(logits[1], logits[0]), rel(logits[2], logits[0])
+    warnings.warn(f"prefill logits: q vs q rel RMS {qq:.3g}, f16 vs q {fq:.3g}")
+    assert fq < 1e-3, f"f16 vs q: rel RMS {fq:.3g} (q vs q {qq:.3g})"
+    assert tokens[2] == tokens[0] == tokens[1]
     cfg, weights = cpu_weights(4)
-    assert rel(logits["f16"], CPUEngine(cfg, weights, max_context=512).prefill(ids)) < TOL
+    assert rel(logits[2], CPUEngine(cfg, weights, max_context=512).prefill(ids)) < TOL
 
 
 if __name__ == "__main__":
