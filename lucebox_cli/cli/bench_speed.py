@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from lucebox_cli.cli.options import PREFILL_WEIGHTS_CHOICES, PREFILL_WEIGHTS_HELP, ProfileOpt
+from lucebox_cli.cli.options import PREFILL_WEIGHTS_CHOICES, PREFILL_WEIGHTS_HELP, ProfileOpt, check_choice
 from lucebox_cli.errors import UsageError
 
 EPILOG = """\
@@ -130,8 +130,7 @@ def register(bench_app: typer.Typer) -> None:
 
         if as_json + as_md + as_csv > 1:
             raise UsageError("choose one of --json, --md, --csv")
-        if prefill_weights is not None and prefill_weights not in PREFILL_WEIGHTS_CHOICES:
-            raise UsageError(f"--prefill-weights {prefill_weights!r}: expected one of {', '.join(PREFILL_WEIGHTS_CHOICES)}")
+        check_choice("--prefill-weights", prefill_weights, PREFILL_WEIGHTS_CHOICES)
         loaded, gguf, failed = None, None, None
         if baseline is not None:
             from lucebox_cli import api

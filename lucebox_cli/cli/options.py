@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from lucebox_cli.errors import UsageError
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for scripts).")]
 ProfileOpt = Annotated[
     Optional[str],
@@ -14,6 +16,13 @@ ProfileOpt = Annotated[
 OfflineOpt = Annotated[
     bool, typer.Option("--offline", help="Use only the local HF cache; never touch the network (like HF_HUB_OFFLINE=1).")
 ]
+
+
+def check_choice(flag: str, value: Optional[str], choices: tuple[str, ...]) -> None:
+    """A one-line UsageError when an option given as text is not one of `choices` (None: not given)."""
+    if value is not None and value not in choices:
+        raise UsageError(f"{flag} {value!r} is not one of: {', '.join(choices)}")
+
 
 # --prefill-weights of run and bench speed (RunConfig.prefill_weights)
 PREFILL_WEIGHTS_CHOICES = ("q", "f16")

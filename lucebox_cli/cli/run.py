@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from lucebox_cli.cli.options import PREFILL_WEIGHTS_CHOICES, PREFILL_WEIGHTS_HELP, JsonOpt, ProfileOpt
+from lucebox_cli.cli.options import PREFILL_WEIGHTS_CHOICES, PREFILL_WEIGHTS_HELP, JsonOpt, ProfileOpt, check_choice
 from lucebox_cli.cli.output import print_json, stderr_console
 from lucebox_cli.errors import UsageError
 
@@ -59,9 +59,9 @@ def run(
     from lucebox_cli import api
     from lucebox_cli.config import get_profile, resolve_run_config
 
-    _check_choice("--engine", engine, ENGINE_CHOICES)
-    _check_choice("--spec", spec, SPEC_CHOICES)
-    _check_choice("--prefill-weights", prefill_weights, PREFILL_WEIGHTS_CHOICES)
+    check_choice("--engine", engine, ENGINE_CHOICES)
+    check_choice("--spec", spec, SPEC_CHOICES)
+    check_choice("--prefill-weights", prefill_weights, PREFILL_WEIGHTS_CHOICES)
     ids = _parse_ids(prompt_ids)
     if (prompt is None) == (ids is None):
         raise UsageError("give exactly one of --prompt TEXT and --prompt-ids 1,2,3")
@@ -88,11 +88,6 @@ def run(
     sys.stdout.write("\n")
     sys.stdout.flush()
     _print_stats(result.stats)
-
-
-def _check_choice(flag: str, value: Optional[str], choices: tuple[str, ...]) -> None:
-    if value is not None and value not in choices:
-        raise UsageError(f"{flag} {value!r} is not one of: {', '.join(choices)}")
 
 
 def _parse_ids(text: Optional[str]) -> Optional[list[int]]:

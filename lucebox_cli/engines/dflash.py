@@ -159,9 +159,8 @@ def prefill_weights_mode(value: Optional[str] = None, env: Optional[dict] = None
     """What the cuBLAS prefill passes read: "q" (the default: each pass dequantizes every matrix to fp16 in its
     scratch) or "f16" (resident fp16 copies made once at load). `value` (the engine argument) wins over
     LUCEBOX_PREFILL_WEIGHTS; anything else is a UsageError."""
-    if value is not None:
-        return _choice(PREFILL_WEIGHTS_ENV, PREFILL_WEIGHTS_MODES, {PREFILL_WEIGHTS_ENV: str(value)})
-    return _choice(PREFILL_WEIGHTS_ENV, PREFILL_WEIGHTS_MODES, env)
+    given = {PREFILL_WEIGHTS_ENV: str(value)} if value is not None else env
+    return _choice(PREFILL_WEIGHTS_ENV, PREFILL_WEIGHTS_MODES, given)
 
 
 def open_gpu(profile: Optional[str] = None) -> tuple[Any, Any]:

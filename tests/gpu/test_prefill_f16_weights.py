@@ -18,22 +18,13 @@ import numpy as np
 
 from gpu_lib import pytest
 
-from lucebox_cli.engines import _lib
+from test_gate_up_f16 import al, needs_cublas
 from test_quant_gemv import ALL_QTYPES, Dev, case, fit_rows, lib
 
 pytestmark = pytest.mark.gpu
 
 F16 = 1  # LB_QT_F16
 NAN16 = 0xFFFF
-
-
-def needs_cublas():
-    if not _lib.cublas_ready(lib()):
-        pytest.skip("cuBLAS not loaded (lb_blas_ready() == 0: no libcublas found, or LUCEBOX_CUBLAS=off)")
-
-
-def al(n: int) -> int:
-    return (n + 255) // 256 * 256
 
 
 def rel(a, b) -> float:
